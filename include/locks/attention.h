@@ -1,0 +1,28 @@
+// Exact decode attention on the paged cache: dense (every token, FullKV) and sparse
+// (the selected pages only). One query token per sequence; fp32 accumulation with an
+// online (streaming) softmax, numerically stable for any logit range.
+// Dense attention is the sparse kernel run over every page in order, so sparse with all
+// pages selected equals dense bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "locks/kv_cache.h"
+#include "locks/score.h"
+#include "locks/select.h"
+
+namespace locks {
+
+struct AttentionOutput {
+  float* out = nullptr;  // [batch, num_q_heads, head_dim]
+  float* lse = nullptr;  // optional [batch, num_q_heads]: log-sum-exp of the scaled logits
+};
+
+namespace cpu {
+void decode_attention_dense(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
+                            float scale, const AttentionOutput& out);
+void decode_attention_sparse(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
+                             float scale, const Selection& sel, const AttentionOutput& out);
+}  // namespace cpu
+
+}  // namespace locks

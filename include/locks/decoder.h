@@ -1,0 +1,46 @@
+// The whole LOCKS decode step on the CPU: score pages from summaries, aggregate over each
+// GQA group, select pages under the budget, attend exactly over the selected pages.
+// Plan once for a batch shape (workspace sized then), run many times.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "locks/attention.h"
+#include "locks/kv_cache.h"
+#include "locks/score.h"
+#include "locks/select.h"
+#include "locks/summary.h"
+
+namespace locks {
+
+struct DecodeConfig {
+  SelectConfig select;
+  float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(head_dim)
+};
+
+namespace cpu {
+class Decoder {
+ public:
+  Decoder(const CacheLayout& cache, int num_q_heads, int max_batch, int max_blocks_per_seq,
+          const DecodeConfig& cfg);
+  // Runs score -> aggregate -> select -> sparse attention. batch.batch_size <= max_batch and
+  // batch.max_blocks_per_seq <= the planned value.
+  void run(const KvCacheView& cache, const SummaryView& summaries, const BatchView& batch,
+           const QueryView& q, const AttentionOutput& out);
+  // Results of the last run (host memory owned by the decoder).
+  Selection selection();
+  const std::vector<float>& head_scores() const { return head_scores_; }
+  const std::vector<float>& group_scores() const { return group_scores_; }
+
+ private:
+  CacheLayout cache_;
+  int num_q_heads_, max_batch_, max_blocks_;
+  DecodeConfig cfg_;
+  int capacity_;
+  std::vector<float> head_scores_, group_scores_;
+  std::vector<int32_t> pages_, counts_;
+};
+}  // namespace cpu
+
+}  // namespace locks

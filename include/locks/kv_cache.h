@@ -1,0 +1,96 @@
+// Paged KV cache in vLLM's layout, as plain views over raw memory.
+//
+// K and V are two arrays of shape [num_blocks, page_size, num_kv_heads, head_dim]
+// (contiguous, row-major): element (block, slot, head, dim) lives at
+//   ((block * page_size + slot) * num_kv_heads + head) * head_dim + dim.
+// A sequence owns a list of physical blocks (its row of the block table); its
+// token t sits in block block_table[t / page_size], slot t % page_size. A view
+// says nothing about where the memory lives (host or device): the backend that
+// receives it decides.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "locks/dtype.h"
+
+namespace locks {
+
+struct CacheLayout {
+  int64_t num_blocks = 0;
+  int page_size = 16;
+  int num_kv_heads = 1;
+  int head_dim = 128;
+  DType dtype = DType::f32;
+
+  int64_t block_elems() const { return int64_t(page_size) * num_kv_heads * head_dim; }
+  int64_t offset(int64_t block, int slot, int head) const {
+    return ((block * page_size + slot) * num_kv_heads + head) * int64_t(head_dim);
+  }
+};
+
+struct KvCacheView {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  CacheLayout layout;
+};
+
+// A batch of sequences over one cache: block_table is [batch_size, block_table_stride]
+// (row b lists the physical blocks of sequence b, first max_blocks_per_seq used),
+// seq_lens is [batch_size]. Sequence b has ceil(seq_lens[b] / page_size) pages.
+struct BatchView {
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;
+  int batch_size = 0;
+  int max_blocks_per_seq = 0;
+};
+
+// Throws locks::Error unless layout describes a usable cache:
+// num_blocks >= 1, page_size in [2, 256], num_kv_heads >= 1, head_dim in {32, 64, 96, 128, 256}.
+void validate_layout(const CacheLayout& layout);
+// Throws unless every seq_len is in [1, max_blocks_per_seq * page_size] and every used
+// block id is in [0, num_blocks). Reads the (host) arrays.
+void validate_batch(const CacheLayout& layout, const BatchView& batch);
+
+// Owning host-side paged cache: a pool of blocks, sequences that take blocks as they grow.
+// K/V are stored in layout.dtype; inputs are float32 [tokens, num_kv_heads, head_dim].
+// NaN/Inf keys or values are rejected here, when data enters the cache, so that the
+// per-step kernels need not re-scan the cache.
+class PagedKvCache {
+ public:
+  explicit PagedKvCache(const CacheLayout& layout);
+
+  // New empty sequence; returns its id (0, 1, 2, ...).
+  int add_sequence();
+  // Append n tokens (prefill when n > 1, decode when n == 1) to sequence seq.
+  // Returns the physical ids of the blocks that became full during this call, in order.
+  std::vector<int32_t> append(int seq, const float* k, const float* v, int64_t n_tokens);
+
+  int num_sequences() const { return static_cast<int>(blocks_.size()); }
+  int32_t seq_len(int seq) const;
+  const std::vector<int32_t>& blocks(int seq) const;
+  const CacheLayout& layout() const { return layout_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+
+  KvCacheView view() const { return {k_.data(), v_.data(), layout_}; }
+  void* k_data() { return k_.data(); }
+  void* v_data() { return v_.data(); }
+
+  // Flattened block table and lengths for the given sequences (all when empty).
+  struct Batch {
+    std::vector<int32_t> block_table;
+    std::vector<int32_t> seq_lens;
+    BatchView view;
+  };
+  Batch batch(const std::vector<int>& seqs = {}) const;
+
+ private:
+  CacheLayout layout_;
+  std::vector<uint8_t> k_, v_;
+  std::vector<int32_t> free_;  // stack of free block ids
+  std::vector<std::vector<int32_t>> blocks_;
+  std::vector<int32_t> lens_;
+};
+
+}  // namespace locks

@@ -1,0 +1,102 @@
+// Page summaries: for every full page and KV head, the centroid mu of its keys,
+// the top-`rank` right singular vectors of the centred keys (rows of basis), and
+// each key's coefficients in that basis. Stored per physical block, beside the cache.
+//
+// Storage (SoA, indexed by physical block id b and KV head h; H = num_kv_heads,
+// d = head_dim, P = page_size, r = rank):
+//   fp32 mode:
+//     mu          float [num_blocks, H, d]
+//     basis       float [num_blocks, H, r, d]      row k = k-th right singular vector
+//     coeff       float [num_blocks, H, P, r]      coeff[i][k] = basis[k] . (key_i - mu)
+//   quant mode (int8 centroid, int4 basis, int8 coefficients, float scales):
+//     mu_q        int8  [num_blocks, H, d]          mu ~= mu_q * mu_scale
+//     mu_scale    float [num_blocks, H]             = max|mu| / 127
+//     basis_q     uint8 [num_blocks, H, r, d/2]     two int4 in [-7, 7] per byte, two's
+//                                                   complement; low nibble = even dim
+//     basis_scale float [num_blocks, H, r]          = max|basis[k]| / 7
+//     coeff_q     int8  [num_blocks, H, P, r]       coeff ~= coeff_q * coeff_scale[k]
+//     coeff_scale float [num_blocks, H, r]          = max_i |coeff[i][k]| / 127
+// Quantization is symmetric round-to-nearest; a zero range gives scale 0 and codes 0.
+// The singular vectors' signs are whatever the solver returns; scores do not depend
+// on them, so backends are compared on scores and reconstructions, not on raw bases.
+// Only full pages have summaries; the partial tail page of a sequence has none.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "locks/kv_cache.h"
+
+namespace locks {
+
+enum class Precision : int { fp32 = 0, quant = 1 };
+inline constexpr const char* precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : "int4";
+}
+
+struct SummaryLayout {
+  int64_t num_blocks = 0;
+  int page_size = 16;
+  int num_kv_heads = 1;
+  int head_dim = 128;
+  int rank = 8;
+  Precision precision = Precision::fp32;
+};
+
+// Throws unless 1 <= rank < page_size, rank <= head_dim, head_dim even.
+void validate_summary_layout(const SummaryLayout& s);
+SummaryLayout summary_layout_for(const CacheLayout& cache, int rank, Precision precision);
+
+// Bytes of one (page, KV head) summary, and that as a share of the page's bf16 K+V
+// for that head (2 * P * d * 2 bytes).
+size_t summary_bytes_per_page(const SummaryLayout& s);
+double summary_share_of_bf16_kv(const SummaryLayout& s);
+
+struct SummaryView {
+  SummaryLayout layout;
+  // fp32 mode
+  float* mu = nullptr;
+  float* basis = nullptr;
+  float* coeff = nullptr;
+  // quant mode
+  int8_t* mu_q = nullptr;
+  float* mu_scale = nullptr;
+  uint8_t* basis_q = nullptr;
+  float* basis_scale = nullptr;
+  int8_t* coeff_q = nullptr;
+  float* coeff_scale = nullptr;
+};
+
+// Owning host storage for the summaries of a whole cache.
+class SummaryStore {
+ public:
+  explicit SummaryStore(const SummaryLayout& layout);
+  SummaryView view();
+  const SummaryLayout& layout() const { return layout_; }
+
+ private:
+  SummaryLayout layout_;
+  std::vector<float> mu_, basis_, coeff_, mu_scale_, basis_scale_, coeff_scale_;
+  std::vector<int8_t> mu_q_, coeff_q_;
+  std::vector<uint8_t> basis_q_;
+};
+
+// Quantize/dequantize one summary (helpers shared by every backend and the tests).
+// fp32 inputs: mu[d], basis[r*d], coeff[P*r]; outputs in quant layout for one (block, head).
+void summary_quantize(const float* mu, const float* basis, const float* coeff, int head_dim,
+                      int page_size, int rank, int8_t* mu_q, float* mu_scale, uint8_t* basis_q,
+                      float* basis_scale, int8_t* coeff_q, float* coeff_scale);
+void summary_dequantize(const int8_t* mu_q, float mu_scale, const uint8_t* basis_q,
+                        const float* basis_scale, const int8_t* coeff_q, const float* coeff_scale,
+                        int head_dim, int page_size, int rank, float* mu, float* basis,
+                        float* coeff);
+
+namespace cpu {
+// Build the summaries of the given physical blocks (all full pages), every KV head.
+// Multi-threaded over (block, head). Exact thin SVD through Eigen (JacobiSVD).
+void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                   const SummaryView& out);
+}  // namespace cpu
+
+}  // namespace locks

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the C++ build and tests need (Debian packages, PyPI packages).
+# Idempotent: skips apt-get when everything is already there.
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+pkgs="cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox python3 python3-pip"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
