@@ -1,0 +1,168 @@
+// cpu::decode_attention_dense / _sparse: exact attention over a list of pages with an
+// online softmax in fp32.
+//
+// Work is split flash-decoding style: each (sequence, KV head) page list is cut into
+// chunks of kChunkPages pages; every chunk yields a partial softmax state (max m, sum l,
+// unnormalised output acc) for each query head of the group, and the chunks' states are
+// merged in order. The cut depends only on the page list, never on the thread count, so
+// results are reproducible run to run, and dense (the same code over every page) equals
+// sparse with every page selected bit for bit. A long single sequence thus spreads over
+// all cores; a page's K/V rows are converted to float once per chunk and reused by the
+// whole query-head group.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "internal/check.h"
+#include "internal/row_convert.h"
+#include "locks/attention.h"
+#include "locks/error.h"
+
+namespace locks::cpu {
+namespace {
+
+constexpr int kChunkPages = 32;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Item {
+  int b, g, chunk;
+};
+
+// pages == nullptr means every page of every sequence, in order (dense).
+void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q, float scale,
+            const int32_t* pages, const int32_t* counts, int capacity, const AttentionOutput& out) {
+  const CacheLayout& L = cache.layout;
+  const int P = L.page_size, Hkv = L.num_kv_heads, d = L.head_dim;
+  const int Hq = q.num_q_heads, G = Hq / Hkv;
+  const int64_t groups = int64_t(batch.batch_size) * Hkv;
+
+  // Chunk list and the offset of each group's first chunk.
+  std::vector<int32_t> n_sel(static_cast<size_t>(groups));
+  std::vector<int64_t> first(static_cast<size_t>(groups) + 1, 0);
+  for (int64_t bg = 0; bg < groups; ++bg) {
+    const int b = static_cast<int>(bg / Hkv);
+    n_sel[size_t(bg)] = pages ? counts[bg] : detail::num_pages(batch.seq_lens[b], P);
+    first[size_t(bg) + 1] = first[size_t(bg)] + (n_sel[size_t(bg)] + kChunkPages - 1) / kChunkPages;
+  }
+  const int64_t n_items = first[size_t(groups)];
+  std::vector<Item> items(static_cast<size_t>(n_items));
+  for (int64_t bg = 0; bg < groups; ++bg)
+    for (int64_t c = first[size_t(bg)]; c < first[size_t(bg) + 1]; ++c)
+      items[size_t(c)] = {static_cast<int>(bg / Hkv), static_cast<int>(bg % Hkv),
+                          static_cast<int>(c - first[size_t(bg)])};
+  // Partial state per (item, query head of the group): [m, l, acc[d]].
+  const int64_t stride = d + 2;
+  std::vector<float> part(static_cast<size_t>(n_items * G * stride));
+
+#pragma omp parallel
+  {
+    std::vector<float> kbuf(static_cast<size_t>(P) * d), vbuf(static_cast<size_t>(P) * d),
+        logits(static_cast<size_t>(P));
+    std::vector<const float*> krow(static_cast<size_t>(P)), vrow(static_cast<size_t>(P));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const Item item = items[size_t(it)];
+      const int64_t bg = int64_t(item.b) * Hkv + item.g;
+      const int32_t len = batch.seq_lens[item.b];
+      const int32_t* table = batch.block_table + int64_t(item.b) * batch.block_table_stride;
+      const int32_t* list = pages ? pages + bg * capacity : nullptr;
+      const int i0 = item.chunk * kChunkPages;
+      const int i1 = std::min(n_sel[size_t(bg)], i0 + kChunkPages);
+      float* st = part.data() + it * G * stride;
+      for (int h = 0; h < G; ++h) {
+        float* sh = st + h * stride;
+        sh[0] = kNegInf;
+        sh[1] = 0.0f;
+        std::fill(sh + 2, sh + stride, 0.0f);
+      }
+      const float* qg = q.q + (int64_t(item.b) * Hq + int64_t(item.g) * G) * d;
+      for (int i = i0; i < i1; ++i) {
+        const int j = list ? list[i] : i;
+        const int32_t block = table[j];
+        const int n = std::min(P, len - j * P);  // valid tokens of this page
+        for (int s = 0; s < n; ++s) {
+          const int64_t off = L.offset(block, s, item.g);
+          krow[size_t(s)] = detail::load_row(cache.k, L.dtype, off, d, kbuf.data() + s * d);
+          vrow[size_t(s)] = detail::load_row(cache.v, L.dtype, off, d, vbuf.data() + s * d);
+        }
+        for (int h = 0; h < G; ++h) {
+          const float* qh = qg + int64_t(h) * d;
+          float* sh = st + h * stride;
+          float* acc = sh + 2;
+          float mx = kNegInf;
+          for (int s = 0; s < n; ++s) {
+            const float x = detail::dot(qh, krow[size_t(s)], d) * scale;
+            logits[size_t(s)] = x;
+            mx = x > mx ? x : mx;
+          }
+          if (mx > sh[0]) {  // new running max: rescale what was accumulated so far
+            const float corr = std::exp(sh[0] - mx);
+            sh[1] *= corr;
+            for (int e = 0; e < d; ++e) acc[e] *= corr;
+            sh[0] = mx;
+          }
+          const float m = sh[0];
+          float l = sh[1];
+          for (int s = 0; s < n; ++s) {
+            const float p = std::exp(logits[size_t(s)] - m);
+            l += p;
+            const float* v = vrow[size_t(s)];
+            for (int e = 0; e < d; ++e) acc[e] += p * v[e];
+          }
+          sh[1] = l;
+        }
+      }
+    }
+
+    // Merge each query head's chunk states in chunk order.
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < int64_t(batch.batch_size) * Hq; ++bh) {
+      const int b = static_cast<int>(bh / Hq), h = static_cast<int>(bh % Hq);
+      const int64_t bg = int64_t(b) * Hkv + h / G;
+      const int hg = h % G;
+      const int64_t c0 = first[size_t(bg)], c1 = first[size_t(bg) + 1];
+      float m = kNegInf;
+      for (int64_t c = c0; c < c1; ++c) m = std::max(m, part[size_t((c * G + hg) * stride)]);
+      float l = 0.0f;
+      float* o = out.out + bh * d;
+      std::fill(o, o + d, 0.0f);
+      for (int64_t c = c0; c < c1; ++c) {
+        const float* sh = part.data() + (c * G + hg) * stride;
+        const float w = std::exp(sh[0] - m);
+        l += sh[1] * w;
+        for (int e = 0; e < d; ++e) o[e] += sh[2 + e] * w;
+      }
+      const float inv = 1.0f / l;
+      for (int e = 0; e < d; ++e) o[e] *= inv;
+      if (out.lse) out.lse[bh] = m + std::log(l);
+    }
+  }
+}
+
+void check_common(const KvCacheView& cache, const BatchView& batch, const QueryView& q, float scale,
+                  const AttentionOutput& out, const char* where) {
+  validate_layout(cache.layout);
+  if (cache.k == nullptr || cache.v == nullptr) detail::fail(where, "cache.k or cache.v is null");
+  if (out.out == nullptr) detail::fail(where, "out.out is null");
+  detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, where);
+  detail::check_query(q, batch.batch_size, cache.layout.num_kv_heads, cache.layout.head_dim, where);
+  detail::check_scale(scale, where);
+}
+
+}  // namespace
+
+void decode_attention_dense(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
+                            float scale, const AttentionOutput& out) {
+  check_common(cache, batch, q, scale, out, __func__);
+  attend(cache, batch, q, scale, nullptr, nullptr, 0, out);
+}
+
+void decode_attention_sparse(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
+                             float scale, const Selection& sel, const AttentionOutput& out) {
+  check_common(cache, batch, q, scale, out, __func__);
+  detail::check_selection(sel, batch, cache.layout.num_kv_heads, cache.layout.page_size, __func__);
+  attend(cache, batch, q, scale, sel.pages, sel.counts, sel.capacity, out);
+}
+
+}  // namespace locks::cpu

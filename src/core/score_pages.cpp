@@ -1,0 +1,124 @@
+// cpu::score_pages: estimated log page mass from the summaries (never reads K or V).
+// One work item is (sequence, KV head, page): the page's summary is read (and for the
+// quant layout, its int4 basis rows unpacked to small float code buffers) once and used
+// by every query head of the group.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "internal/check.h"
+#include "internal/row_convert.h"
+#include "locks/error.h"
+#include "locks/score.h"
+
+namespace locks::cpu {
+namespace {
+
+// log sum_i exp(x_i), x finite.
+float log_sum_exp(const float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+void score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                 float scale, float* head_scores) {
+  const SummaryLayout& sl = summaries.layout;
+  validate_summary_layout(sl);
+  detail::check_batch_blocks(batch, sl.num_blocks, sl.page_size, __func__);
+  detail::check_query(q, batch.batch_size, sl.num_kv_heads, sl.head_dim, __func__);
+  detail::check_scale(scale, __func__);
+  LOCKS_REQUIRE(head_scores != nullptr, "head_scores is null");
+  const bool quant = sl.precision == Precision::quant;
+  if (quant) {
+    LOCKS_REQUIRE(summaries.mu_q && summaries.mu_scale && summaries.basis_q &&
+                      summaries.basis_scale && summaries.coeff_q && summaries.coeff_scale,
+                  "quant summary arrays are null");
+  } else {
+    LOCKS_REQUIRE(summaries.mu && summaries.basis && summaries.coeff,
+                  "fp32 summary arrays are null");
+  }
+
+  const int P = sl.page_size, Hkv = sl.num_kv_heads, d = sl.head_dim, r = sl.rank;
+  const int Hq = q.num_q_heads, G = Hq / Hkv;
+  const int M = batch.max_blocks_per_seq;
+  const int64_t items = int64_t(batch.batch_size) * Hkv * M;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
+        qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P));
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int j = static_cast<int>(item % M);
+      const int g = static_cast<int>((item / M) % Hkv);
+      const int b = static_cast<int>(item / (int64_t(M) * Hkv));
+      const int full_pages = batch.seq_lens[b] / P;
+      float* dst = head_scores + (int64_t(b) * Hq + int64_t(g) * G) * M + j;  // head g*G
+      if (j >= full_pages) {
+        for (int h = 0; h < G; ++h) dst[int64_t(h) * M] = kNegInf;
+        continue;
+      }
+      const int32_t block = batch.block_table[int64_t(b) * batch.block_table_stride + j];
+      const int64_t bh = int64_t(block) * Hkv + g;
+      const float* qg = q.q + (int64_t(b) * Hq + int64_t(g) * G) * d;
+      if (!quant) {
+        const float* mu = summaries.mu + bh * d;
+        const float* basis = summaries.basis + bh * r * d;
+        const float* coeff = summaries.coeff + bh * P * r;
+        for (int h = 0; h < G; ++h) {
+          const float* qh = qg + int64_t(h) * d;
+          const float qmu = detail::dot(qh, mu, d);
+          for (int k = 0; k < r; ++k) proj[size_t(k)] = detail::dot(qh, basis + int64_t(k) * d, d);
+          for (int i = 0; i < P; ++i) {
+            float local = 0.0f;
+            for (int k = 0; k < r; ++k) local += proj[size_t(k)] * coeff[int64_t(i) * r + k];
+            logits[size_t(i)] = (qmu + local) * scale;
+          }
+          dst[int64_t(h) * M] = log_sum_exp(logits.data(), P);
+        }
+      } else {
+        // Integer codes times scales: q.mu = mu_scale * (q . mu_q), (V q)_k = basis_scale_k *
+        // (q . basis_q_k), c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row
+        // at a time; the summary is never dequantized as a whole.
+        const int8_t* mu_q = summaries.mu_q + bh * d;
+        const uint8_t* basis_q = summaries.basis_q + bh * r * (d / 2);
+        const float* basis_scale = summaries.basis_scale + bh * r;
+        const int8_t* coeff_q = summaries.coeff_q + bh * P * r;
+        const float* coeff_scale = summaries.coeff_scale + bh * r;
+        // Per-head projections: proj_all[h * r + k] = (V q_h)_k * coeff_scale_k.
+        std::vector<float>& proj_all = proj;
+        for (int e = 0; e < d; ++e) row[size_t(e)] = float(mu_q[e]);
+        for (int h = 0; h < G; ++h)
+          qmu[size_t(h)] = summaries.mu_scale[bh] * detail::dot(qg + int64_t(h) * d, row.data(), d);
+        for (int k = 0; k < r; ++k) {
+          const uint8_t* codes = basis_q + int64_t(k) * (d / 2);
+          for (int e = 0; e < d / 2; ++e) {
+            row[size_t(2 * e)] =
+                float(static_cast<int8_t>(static_cast<uint8_t>(codes[e] << 4)) >> 4);
+            row[size_t(2 * e + 1)] = float(static_cast<int8_t>(codes[e]) >> 4);
+          }
+          const float s = basis_scale[k] * coeff_scale[k];
+          for (int h = 0; h < G; ++h)
+            proj_all[size_t(h) * r + k] = s * detail::dot(qg + int64_t(h) * d, row.data(), d);
+        }
+        for (int h = 0; h < G; ++h) {
+          const float* ph = proj_all.data() + size_t(h) * r;
+          for (int i = 0; i < P; ++i) {
+            float local = 0.0f;
+            for (int k = 0; k < r; ++k) local += ph[k] * float(coeff_q[int64_t(i) * r + k]);
+            logits[size_t(i)] = (qmu[size_t(h)] + local) * scale;
+          }
+          dst[int64_t(h) * M] = log_sum_exp(logits.data(), P);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace locks::cpu
