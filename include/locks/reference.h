@@ -15,8 +15,13 @@ namespace locks::ref {
 
 // Summary of one (block, head) in float64: mu[d], basis[r*d] (rows), coeff[P*r],
 // via eigen-decomposition of the centred P x P Gram matrix (independent of cpu::'s SVD).
+// sigma[P]: every singular value of the centred keys, descending (sigma_k^2 are the Gram
+// eigenvalues, accurate to ~1e-16 sigma_0^2 absolute), so sum_{k >= rank} sigma_k^2 is
+// the optimal rank-`rank` residual.
+// A direction whose singular value is numerically zero (sigma_k <= 1e-6 sigma_0) is
+// undetermined: its basis row and coefficients are returned as zeros.
 struct PageSummary64 {
-  std::vector<double> mu, basis, coeff;
+  std::vector<double> mu, basis, coeff, sigma;
 };
 PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int head, int rank);
 
