@@ -65,6 +65,7 @@ class PagedKvCache {
   int add_sequence();
   // Append n tokens (prefill when n > 1, decode when n == 1) to sequence seq.
   // Returns the physical ids of the blocks that became full during this call, in order.
+  // Throws (leaving the cache unchanged) on NaN/Inf input or when the pool runs out of blocks.
   std::vector<int32_t> append(int seq, const float* k, const float* v, int64_t n_tokens);
 
   int num_sequences() const { return static_cast<int>(blocks_.size()); }
@@ -77,7 +78,9 @@ class PagedKvCache {
   void* k_data() { return k_.data(); }
   void* v_data() { return v_.data(); }
 
-  // Flattened block table and lengths for the given sequences (all when empty).
+  // Flattened block table and lengths for the given sequences (all when empty), stride =
+  // max_blocks_per_seq = the most blocks any of them holds (at least 1), unused entries -1.
+  // view points into this Batch's own vectors: keep the Batch alive, do not copy it.
   struct Batch {
     std::vector<int32_t> block_table;
     std::vector<int32_t> seq_lens;

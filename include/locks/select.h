@@ -25,8 +25,10 @@ struct SelectConfig {
 // Throws on a budget too small for sink + recent + tail, or negative counts.
 void validate_select(const SelectConfig& cfg, int page_size);
 
-// Slots to allocate per (sequence, KV head): enough for floor(b/P) pages, or for every
-// page of the longest possible sequence when b covers it.
+// Slots to allocate per (sequence, KV head): min(ceil(b/P), max_blocks_per_seq). That holds
+// floor(b/P) pages when b < seq_len, and every page when b >= seq_len: ceil(seq_len/P) can
+// exceed floor(b/P) when b is not a multiple of P (b = 20, P = 16, seq_len = 20: 2 pages).
+// (Changed from "floor(b/P)" by the core owner: floor under-allocated that case.)
 int select_capacity(const SelectConfig& cfg, int page_size, int max_blocks_per_seq);
 
 struct Selection {

@@ -94,7 +94,9 @@ void summary_dequantize(const int8_t* mu_q, float mu_scale, const uint8_t* basis
 
 namespace cpu {
 // Build the summaries of the given physical blocks (all full pages), every KV head.
-// Multi-threaded over (block, head). Exact thin SVD through Eigen (JacobiSVD).
+// Multi-threaded over (block, head). Exact thin SVD through Eigen (JacobiSVD) in double,
+// results rounded to float. Throws on non-finite keys, block ids out of range, or a
+// summary layout that does not match the cache.
 void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
                    const SummaryView& out);
 }  // namespace cpu
