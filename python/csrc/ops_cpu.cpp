@@ -1,0 +1,139 @@
+// CPU implementations of the `locks` operators: thin wrappers over locks_core (cpu::).
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "locks/attention.h"
+#include "locks/score.h"
+#include "locks/select.h"
+#include "locks/summary.h"
+#include "torch_views.h"
+
+namespace locks_torch {
+namespace {
+
+const at::Device kCpu(at::kCPU);
+
+void summary_build_cpu(const at::Tensor& k_cache, const at::Tensor& block_ids, at::Tensor& mu,
+                       at::Tensor& basis, at::Tensor& coeff) {
+  const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
+  TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
+  require(block_ids, "block_ids", at::kInt, 1, kCpu);
+  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+  if (block_ids.numel() == 0) return;
+  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
+  translate_errors([&] {
+    locks::cpu::summary_build(cache, block_ids.data_ptr<int32_t>(), block_ids.numel(), s);
+  });
+}
+
+void summary_update_cpu(const at::Tensor& k_cache, const at::Tensor& block_table,
+                        const at::Tensor& seq_lens, at::Tensor& mu, at::Tensor& basis,
+                        at::Tensor& coeff) {
+  const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
+  TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
+  const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
+  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+  translate_errors([&] { locks::validate_batch(layout, batch); });
+  std::vector<int32_t> filled;
+  for (int b = 0; b < batch.batch_size; ++b) {
+    const int32_t len = batch.seq_lens[b];
+    if (len % layout.page_size == 0)
+      filled.push_back(
+          batch.block_table[b * batch.block_table_stride + len / layout.page_size - 1]);
+  }
+  if (filled.empty()) return;
+  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
+  translate_errors([&] {
+    locks::cpu::summary_build(cache, filled.data(), static_cast<int64_t>(filled.size()), s);
+  });
+}
+
+void select_pages_cpu(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& basis,
+                      const at::Tensor& coeff, const at::Tensor& block_table,
+                      const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+                      int64_t recent_pages, double scale, at::Tensor& pages, at::Tensor& counts) {
+  TORCH_CHECK_VALUE(mu.dim() == 3 && coeff.dim() == 4,
+                    "mu/coeff: expected [num_blocks, H, d] and "
+                    "[num_blocks, H, P, r]");
+  locks::CacheLayout layout;  // the cache these summaries describe (shape only)
+  layout.num_blocks = mu.size(0);
+  layout.num_kv_heads = static_cast<int>(mu.size(1));
+  layout.head_dim = static_cast<int>(mu.size(2));
+  layout.page_size = static_cast<int>(coeff.size(2));
+  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+  const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
+  const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
+  const locks::Selection sel =
+      selection_view(pages, counts, batch.batch_size, layout.num_kv_heads, kCpu);
+  locks::SelectConfig cfg;
+  cfg.budget_tokens = static_cast<int>(budget_tokens);
+  cfg.sink_pages = static_cast<int>(sink_pages);
+  cfg.recent_pages = static_cast<int>(recent_pages);
+  translate_errors([&] {
+    locks::validate_layout(layout);
+    locks::validate_batch(layout, batch);
+    const size_t per_seq = static_cast<size_t>(batch.max_blocks_per_seq);
+    std::vector<float> head_scores(per_seq * batch.batch_size * qv.num_q_heads);
+    std::vector<float> group_scores(per_seq * batch.batch_size * layout.num_kv_heads);
+    locks::cpu::score_pages(s, batch, qv, static_cast<float>(scale), head_scores.data());
+    locks::cpu::aggregate_gqa(head_scores.data(), batch, qv.num_q_heads, layout.num_kv_heads,
+                              group_scores.data());
+    locks::cpu::select_pages(group_scores.data(), batch, layout.num_kv_heads, layout.page_size, cfg,
+                             sel);
+  });
+}
+
+locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse, const locks::QueryView& q,
+                                   int batch, int head_dim) {
+  require(out, "out", at::kFloat, 3, kCpu);
+  require(lse, "lse", at::kFloat, 2, kCpu);
+  TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
+                    "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
+                    out.sizes());
+  TORCH_CHECK_VALUE(lse.size(0) == batch && lse.size(1) == q.num_q_heads, "lse: expected [", batch,
+                    ", ", q.num_q_heads, "], got ", lse.sizes());
+  return {out.data_ptr<float>(), lse.data_ptr<float>()};
+}
+
+void sparse_decode_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& block_table, const at::Tensor& seq_lens,
+                       const at::Tensor& pages, const at::Tensor& counts, double scale,
+                       at::Tensor& out, at::Tensor& lse) {
+  const locks::CacheLayout layout = cache_layout(k_cache, v_cache);
+  TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
+  const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
+  const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
+  const locks::Selection sel =
+      selection_view(pages, counts, batch.batch_size, layout.num_kv_heads, kCpu);
+  const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
+  const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
+  translate_errors([&] {
+    locks::cpu::decode_attention_sparse(cache, batch, qv, static_cast<float>(scale), sel, o);
+  });
+}
+
+void dense_decode_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens, double scale,
+                      at::Tensor& out, at::Tensor& lse) {
+  const locks::CacheLayout layout = cache_layout(k_cache, v_cache);
+  TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
+  const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
+  const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
+  const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
+  const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
+  translate_errors(
+      [&] { locks::cpu::decode_attention_dense(cache, batch, qv, static_cast<float>(scale), o); });
+}
+
+}  // namespace
+}  // namespace locks_torch
+
+TORCH_LIBRARY_IMPL(locks, CPU, m) {
+  m.impl("summary_build", &locks_torch::summary_build_cpu);
+  m.impl("summary_update", &locks_torch::summary_update_cpu);
+  m.impl("select_pages", &locks_torch::select_pages_cpu);
+  m.impl("sparse_decode", &locks_torch::sparse_decode_cpu);
+  m.impl("dense_decode", &locks_torch::dense_decode_cpu);
+}

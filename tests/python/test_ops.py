@@ -1,0 +1,226 @@
+"""The torch operators against straightforward float64 torch references, opcheck, and errors."""
+import math
+
+import pytest
+import torch
+
+import locks
+from locks import ops
+
+P, H, D = 16, 2, 64
+
+
+def make_cache(num_blocks, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # Keys with page-local structure: each page its own low-rank subspace plus noise, so that
+    # page masses differ (real-key-like) rather than the near-uniform attention of i.i.d. keys.
+    basis = torch.randn(num_blocks, H, 3, D, generator=g)
+    coef = torch.randn(num_blocks, P, H, 3, generator=g) * 2
+    k = torch.einsum("bphr,bhrd->bphd", coef, basis) + 0.1 * torch.randn(num_blocks, P, H, D, generator=g)
+    v = torch.randn(num_blocks, P, H, D, generator=g)
+    return k.to(dtype).contiguous(), v.to(dtype)
+
+
+def batch(num_blocks, lens, max_blocks):
+    g = torch.Generator().manual_seed(1)
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    bt = perm[: len(lens) * max_blocks].view(len(lens), max_blocks).contiguous()
+    return bt, torch.tensor(lens, dtype=torch.int32)
+
+
+def ref_attention(q, k, v, bt, lens, pages=None, counts=None):
+    """float64: softmax attention of q [B, Hq, d] over the sequence's tokens (or selected pages)."""
+    B, Hq, d = q.shape
+    G = Hq // H
+    out = torch.zeros(B, Hq, d, dtype=torch.float64)
+    lse = torch.zeros(B, Hq, dtype=torch.float64)
+    for b in range(B):
+        n = int(lens[b])
+        kk = k[bt[b].long()].reshape(-1, H, d)[:n].double()
+        vv = v[bt[b].long()].reshape(-1, H, d)[:n].double()
+        for h in range(Hq):
+            g = h // G
+            idx = torch.arange(n)
+            if pages is not None:
+                sel = pages[b, g, : counts[b, g]].long()
+                idx = idx[torch.isin(idx // P, sel)]
+            logits = kk[idx, g] @ q[b, h].double() / math.sqrt(d)
+            lse[b, h] = torch.logsumexp(logits, 0)
+            out[b, h] = torch.softmax(logits, 0) @ vv[idx, g]
+    return out, lse
+
+
+def ref_select(q, k, bt, lens, budget):
+    """Selection by exact page mass with share-averaging (the rank P-1 fp32 limit of LOCKS)."""
+    B, Hq, d = q.shape
+    G = Hq // H
+    res = []
+    for b in range(B):
+        n = int(lens[b])
+        full, npages = n // P, -(-n // P)
+        kk = k[bt[b].long()].double()  # [blocks, P, H, d]
+        row = []
+        for g in range(H):
+            shares = torch.zeros(full, dtype=torch.float64)
+            for h in range(g * G, (g + 1) * G):
+                s = torch.logsumexp((kk[:full, :, g] @ q[b, h].double()) / math.sqrt(d), dim=1)
+                shares += torch.softmax(s, 0)
+            kpages = budget // P
+            if budget >= n:
+                row.append(list(range(npages)))
+                continue
+            chosen = [npages - 1] if npages > full else []
+            order = sorted(range(full), key=lambda j: (-shares[j].item(), j))
+            chosen += order[: kpages - len(chosen)]
+            row.append(sorted(chosen))
+        res.append(row)
+    return res
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_summary_reconstructs_keys(dtype):
+    nb, r = 6, P - 1
+    k, _ = make_cache(nb, dtype)
+    s = ops.new_summaries(nb, H, D, P, r)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    kd = k.double()
+    mu = kd.mean(1)  # [nb, H, d]
+    torch.testing.assert_close(s.mu.double(), mu, rtol=1e-5, atol=1e-5)
+    # rank P-1 captures the centred keys exactly: mu + coeff @ basis == keys
+    rec = s.mu[:, None].double() + torch.einsum("bhpr,bhrd->bphd", s.coeff.double(), s.basis.double())
+    torch.testing.assert_close(rec, kd, rtol=1e-4, atol=1e-4)
+
+
+def test_summary_rank8_is_best_rank8_fit():
+    nb, r = 4, 8
+    k, _ = make_cache(nb)
+    s = ops.new_summaries(nb, H, D, P, r)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    for b in range(nb):
+        for h in range(H):
+            dev = k[b, :, h].double() - k[b, :, h].double().mean(0)
+            sv = torch.linalg.svdvals(dev)
+            rec = torch.einsum("pr,rd->pd", s.coeff[b, h].double(), s.basis[b, h].double())
+            err = torch.linalg.norm(dev - rec)
+            assert err.item() == pytest.approx(sv[r:].norm().item(), rel=1e-4, abs=1e-5)
+
+
+def test_summary_update_builds_only_filled_pages():
+    nb = 8
+    k, _ = make_cache(nb)
+    bt = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    lens = torch.tensor([32, 33], dtype=torch.int32)  # seq 0 just filled block 1; seq 1 did not
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_update(k, bt, lens, s)
+    assert torch.allclose(s.mu[1].double(), k[1].double().mean(0), atol=1e-5)
+    assert s.mu[[0, 2, 3, 4, 5, 6, 7]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_and_sparse_decode_match_reference(dtype):
+    nb, mb = 24, 10
+    k, v = make_cache(nb, dtype)
+    bt, lens = batch(nb, [150, 37], mb)
+    q = torch.randn(2, 3 * H, D, generator=torch.Generator().manual_seed(3))
+    out, lse = ops.dense_decode(q, k, v, bt, lens)
+    ro, rl = ref_attention(q, k, v, bt, lens)
+    torch.testing.assert_close(out.double(), ro, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse.double(), rl, rtol=1e-4, atol=1e-4)
+    pages = torch.tensor([[[0, 3, 9, -1], [1, 2, 9, -1]], [[0, 2, -1, -1], [1, 2, -1, -1]]], dtype=torch.int32)
+    counts = torch.tensor([[3, 3], [2, 2]], dtype=torch.int32)
+    out, lse = ops.sparse_decode(q, k, v, bt, lens, pages, counts)
+    ro, rl = ref_attention(q, k, v, bt, lens, pages, counts)
+    torch.testing.assert_close(out.double(), ro, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse.double(), rl, rtol=1e-4, atol=1e-4)
+
+
+def test_select_full_rank_equals_exact_mass_selection():
+    nb, mb = 40, 20
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [300, 250], mb)
+    q = torch.randn(2, 3 * H, D, generator=torch.Generator().manual_seed(4)) * 2
+    s = ops.new_summaries(nb, H, D, P, P - 1)
+    used = torch.unique(bt[:, : -(-300 // P)].flatten())
+    ops.summary_build(k, used.to(torch.int32), s)
+    for budget in (32, 64, 128):
+        pages, counts = ops.select_pages(q, s, bt, lens, budget)
+        ref = ref_select(q, k, bt, lens, budget)
+        for b in range(2):
+            for g in range(H):
+                assert pages[b, g, : counts[b, g]].tolist() == ref[b][g], (budget, b, g)
+
+
+def test_budget_covering_context_is_dense_bit_for_bit():
+    nb, mb = 24, 10
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [150, 37], mb)
+    q = torch.randn(2, 3 * H, D)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    pages, counts = ops.select_pages(q, s, bt, lens, 160)
+    out, lse = ops.sparse_decode(q, k, v, bt, lens, pages, counts)
+    dout, dlse = ops.dense_decode(q, k, v, bt, lens)
+    assert torch.equal(out, dout) and torch.equal(lse, dlse)
+
+
+def test_bad_input_gets_clear_errors():
+    nb, mb = 8, 4
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [50, 20], mb)
+    q = torch.randn(2, 3 * H, D)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    with pytest.raises(ValueError, match="budget"):
+        ops.select_pages(q, s, bt, lens, 8)
+    with pytest.raises(ValueError, match="seq_lens"):
+        ops.dense_decode(q, k, v, bt, torch.tensor([100, 20], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table"):
+        ops.dense_decode(q, k, v, bt.long(), lens)
+    with pytest.raises(ValueError, match="q"):
+        ops.dense_decode(q[:, :, :32].contiguous(), k, v, bt, lens)
+    with pytest.raises(ValueError, match="rank"):
+        ops.new_summaries(nb, H, D, P, P)
+
+
+def _opcheck_args():
+    nb, mb = 12, 5
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [70, 33], mb)
+    q = torch.randn(2, 3 * H, D)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    cap = ops.select_capacity(48, P, mb)
+    pages = torch.empty(2, H, cap, dtype=torch.int32)
+    counts = torch.empty(2, H, dtype=torch.int32)
+    ops.select_pages(q, s, bt, lens, 48, pages=pages, counts=counts)
+    out, lse = torch.empty_like(q), torch.empty(2, 3 * H)
+    s2 = ops.new_summaries(nb, H, D, P, 8)
+    L = torch.ops.locks
+    return [
+        (L.summary_build.default, (k, torch.arange(nb, dtype=torch.int32), *s2)),
+        (L.summary_update.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32), *s2)),
+        (L.select_pages.default, (q, *s, bt, lens, 48, 0, 0, 0.125, pages.clone(), counts.clone())),
+        (L.sparse_decode.default, (q, k, v, bt, lens, pages, counts, 0.125, out, lse)),
+        (L.dense_decode.default, (q, k, v, bt, lens, 0.125, out.clone(), lse.clone())),
+    ]
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_opcheck(i):
+    op, args = _opcheck_args()[i]
+    torch.library.opcheck(op, args)
+
+
+def test_compile_traces_decode_step():
+    nb, mb = 12, 5
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [70, 33], mb)
+    q = torch.randn(2, 3 * H, D)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+
+    def step(q):
+        pages, counts = ops.select_pages(q, s, bt, lens, 48)
+        return ops.sparse_decode(q * 1.0, k, v, bt, lens, pages, counts)[0]
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q), step(q), rtol=0, atol=0)
