@@ -1,0 +1,158 @@
+// Quantized summaries (int8 centroid, int4 basis, int8 coefficients): the codes follow the
+// storage contract of summary.h, dequantization is within half a step of every value, and
+// quantized scores stay within the a-priori bound of docs/quantization.md of the fp32 scores:
+//
+//   |s_q - s_fp32| <= scale * [ ||q||_1 s_mu / 2
+//                     + max_i sum_k ( ||q||_1 (s_Vk / 2) (|c'_ik| + s_ck / 2) + |w'_k| s_ck / 2 ) ]
+//
+// s_mu, s_Vk, s_ck are the stored scales, c' the dequantized coefficients and w'_k = V'_k . q
+// with the dequantized basis: the bound is computable from the quant summary alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "locks/reference.h"
+#include "test_params.h"
+#include "test_util.h"
+
+namespace locks::test {
+namespace {
+
+struct Dequant {
+  std::vector<float> mu, basis, coeff;
+  float s_mu;
+  std::vector<float> s_v, s_c;
+};
+
+Dequant dequant(const SummaryView& q, int64_t bh) {
+  const SummaryLayout& l = q.layout;
+  const int d = l.head_dim, r = l.rank, P = l.page_size;
+  Dequant o{std::vector<float>(size_t(d)),
+            std::vector<float>(size_t(r) * d),
+            std::vector<float>(size_t(P) * r),
+            q.mu_scale[bh],
+            std::vector<float>(q.basis_scale + bh * r, q.basis_scale + (bh + 1) * r),
+            std::vector<float>(q.coeff_scale + bh * r, q.coeff_scale + (bh + 1) * r)};
+  summary_dequantize(q.mu_q + bh * d, q.mu_scale[bh], q.basis_q + bh * r * (d / 2),
+                     q.basis_scale + bh * r, q.coeff_q + bh * P * r, q.coeff_scale + bh * r, d, P,
+                     r, o.mu.data(), o.basis.data(), o.coeff.data());
+  return o;
+}
+
+// The bound above, for one (page, head) and one query.
+double quant_score_bound(const Dequant& z, const float* q, int d, int P, int r, float scale) {
+  const double q1 = norm1(q, d);
+  double worst = 0;
+  for (int i = 0; i < P; ++i) {
+    double s = 0;
+    for (int k = 0; k < r; ++k) {
+      double w = 0;
+      for (int c = 0; c < d; ++c) w += double(z.basis[size_t(k) * d + c]) * q[c];
+      const double ck = std::fabs(z.coeff[size_t(i) * r + k]);
+      s += q1 * (z.s_v[size_t(k)] / 2) * (ck + z.s_c[size_t(k)] / 2) +
+           std::fabs(w) * z.s_c[size_t(k)] / 2;
+    }
+    worst = std::max(worst, s);
+  }
+  return scale * (q1 * z.s_mu / 2 + worst);
+}
+
+TEST(Quantize, CodesScalesAndNibbleOrderFollowTheContract) {
+  Rng rng(101);
+  const int d = 64, P = 16, r = 8;
+  std::vector<float> mu = rng.normals(d), basis = rng.normals(size_t(r) * d),
+                     coeff = rng.normals(size_t(P) * r, 3.0f);
+  std::fill(basis.begin() + 2 * d, basis.begin() + 3 * d, 0.0f);  // a zero row: scale 0
+  std::vector<int8_t> mu_q(d), coeff_q(size_t(P) * r);
+  std::vector<uint8_t> basis_q(size_t(r) * d / 2);
+  std::vector<float> bs(r), cs(r), mu2(d), basis2(basis.size()), coeff2(coeff.size());
+  float ms = 0;
+  summary_quantize(mu.data(), basis.data(), coeff.data(), d, P, r, mu_q.data(), &ms, basis_q.data(),
+                   bs.data(), coeff_q.data(), cs.data());
+  summary_dequantize(mu_q.data(), ms, basis_q.data(), bs.data(), coeff_q.data(), cs.data(), d, P, r,
+                     mu2.data(), basis2.data(), coeff2.data());
+  auto max_abs = [](const float* x, int n, int stride) {
+    float m = 0;
+    for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i * stride]));
+    return m;
+  };
+  // Scales = max|x| / 127 (or / 7); every value within half a step (+ float rounding).
+  EXPECT_FLOAT_EQ(ms, max_abs(mu.data(), d, 1) / 127);
+  for (int c = 0; c < d; ++c) {
+    EXPECT_LE(std::abs(int(mu_q[size_t(c)])), 127);
+    EXPECT_NEAR(mu2[size_t(c)], mu[size_t(c)], ms / 2 * (1 + 1e-5));
+    EXPECT_FLOAT_EQ(mu2[size_t(c)], float(mu_q[size_t(c)]) * ms);
+  }
+  for (int k = 0; k < r; ++k) {
+    EXPECT_FLOAT_EQ(bs[size_t(k)], max_abs(basis.data() + k * d, d, 1) / 7);
+    EXPECT_FLOAT_EQ(cs[size_t(k)], max_abs(coeff.data() + k, P, r) / 127);
+    for (int c = 0; c < d; ++c) {
+      // Independent decoding of the nibbles: low nibble = even dim, two's complement in [-7, 7].
+      const uint8_t byte = basis_q[size_t(k) * d / 2 + c / 2];
+      const int nib = c % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+      const int code = nib >= 8 ? nib - 16 : nib;
+      EXPECT_GE(code, -7);
+      EXPECT_LE(code, 7);
+      const size_t i = size_t(k) * d + c;
+      EXPECT_FLOAT_EQ(basis2[i], float(code) * bs[size_t(k)]);
+      EXPECT_NEAR(basis2[i], basis[i], bs[size_t(k)] / 2 * (1 + 1e-5));
+    }
+    for (int i = 0; i < P; ++i) {
+      const size_t at = size_t(i) * r + k;
+      EXPECT_LE(std::abs(int(coeff_q[at])), 127);
+      EXPECT_NEAR(coeff2[at], coeff[at], cs[size_t(k)] / 2 * (1 + 1e-5));
+    }
+  }
+  EXPECT_EQ(bs[2], 0.0f);  // zero range: scale 0, codes 0
+  for (int c = 0; c < d / 2; ++c) EXPECT_EQ(basis_q[size_t(2 * d / 2 + c)], 0);
+}
+
+class QuantBound : public testing::TestWithParam<Combo> {};
+
+TEST_P(QuantBound, QuantScoresWithinDocumentedBoundOfFp32) {
+  const Combo c = GetParam();
+  const int P = c.page_size, r = rank_for(P), d = c.head_dim;
+  double max_ratio = 0, max_err = 0, sum_bound = 0;
+  int n = 0;
+  for (bool structured : {false, true}) {
+    TestCache t = make_cache(spec_for(c, structured, 111));
+    SummaryStore f32 = build_summaries(t, r, Precision::fp32);
+    SummaryStore q8 = build_summaries(t, r, Precision::quant);
+    const SummaryView fv = f32.view(), qv = q8.view();
+    const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, H = t.spec.num_kv_heads;
+    const int G = Hq / H, M = t.max_blocks();
+    std::vector<float> hq(size_t(B) * Hq * M);
+    cpu::score_pages(qv, t.bv(), t.qv(), t.scale(), hq.data());
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < t.bv().seq_lens[b] / P; ++j)
+        for (int h = 0; h < Hq; ++h) {
+          const int32_t blk = t.block_of(b, j);
+          const float* q = t.q.data() + (size_t(b) * Hq + h) * d;
+          const Dequant z = dequant(qv, int64_t(blk) * H + h / G);
+          const double bound = quant_score_bound(z, q, d, P, r, t.scale());
+          const double s32 = ref::score_page(fv, blk, h / G, q, t.scale());
+          const double s8 = ref::score_page(qv, blk, h / G, q, t.scale());
+          SCOPED_TRACE(testing::Message() << "seq " << b << " page " << j << " head " << h);
+          // Exact arithmetic on both sides (float64 reference): only rounding of the stored
+          // floats adds to the bound.
+          EXPECT_LE(std::fabs(s8 - s32), bound + 1e-6 * (1 + std::fabs(s32)));
+          // The CPU's quant scores: the same bound plus float scoring arithmetic.
+          EXPECT_LE(std::fabs(hq[(size_t(b) * Hq + h) * M + j] - s32),
+                    bound + 1e-5 * (1 + std::fabs(s32)));
+          if (bound > 0) max_ratio = std::max(max_ratio, std::fabs(s8 - s32) / bound);
+          max_err = std::max(max_err, std::fabs(s8 - s32));
+          sum_bound += bound;
+          ++n;
+        }
+  }
+  // Recorded for docs/quantization.md (run with --gtest_output=xml to read them).
+  testing::Test::RecordProperty("max_error_over_bound", std::to_string(max_ratio));
+  testing::Test::RecordProperty("max_abs_error", std::to_string(max_err));
+  testing::Test::RecordProperty("mean_bound", std::to_string(sum_bound / std::max(n, 1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCombos, QuantBound, testing::ValuesIn(all_combos()), combo_name);
+
+}  // namespace
+}  // namespace locks::test
