@@ -1,0 +1,93 @@
+// `locks`: dispatches to the sub-commands registered through command.h.
+// Exit codes: 0 success, 1 bad data (locks::Error or another failure), 2 usage error.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "locks/error.h"
+#include "usage.h"
+
+namespace locks::cli {
+
+std::vector<Command>& commands() {
+  static std::vector<Command> registry;  // function-local: safe during static registration
+  return registry;
+}
+
+}  // namespace locks::cli
+
+namespace {
+
+using locks::cli::Command;
+
+std::vector<Command> sorted_commands() {
+  std::vector<Command> cs = locks::cli::commands();
+  std::sort(cs.begin(), cs.end(),
+            [](const Command& a, const Command& b) { return std::strcmp(a.name, b.name) < 0; });
+  return cs;
+}
+
+void print_usage(std::ostream& os) {
+  os << "usage: locks <command> [options]\n"
+        "       locks help [<command>]\n\n"
+        "LOCKS: page-local compact key summaries for long-context decode (CPU tools).\n\n"
+        "commands:\n";
+  for (const Command& c : sorted_commands()) {
+    os << "  " << c.name
+       << std::string(c.name ? std::max<size_t>(2, 10 - std::strlen(c.name)) : 2, ' ') << c.summary
+       << "\n";
+  }
+  os << "\nRun 'locks <command> --help' for a command's options.\n"
+        "Exit status: 0 success, 1 bad input data, 2 usage error.\n";
+}
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : locks::cli::commands())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    print_usage(std::cerr);
+    return 2;
+  }
+  std::string name = args[0];
+  if (name == "help" || name == "--help" || name == "-h") {
+    if (args.size() == 1) {
+      print_usage(std::cout);
+      return 0;
+    }
+    name = args[1];  // `locks help CMD` is `locks CMD --help`
+    args = {name, "--help"};
+  }
+  const Command* cmd = find_command(name);
+  if (!cmd) {
+    std::cerr << "locks: unknown command '" << name << "'\n\n";
+    print_usage(std::cerr);
+    return 2;
+  }
+  try {
+    return cmd->run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const locks::cli::UsageError& e) {
+    std::cerr << "locks " << name << ": usage error: " << e.what() << "\n"
+              << "Run 'locks " << name << " --help' for usage.\n";
+    return 2;
+  } catch (const locks::Error& e) {
+    std::cerr << "locks " << name << ": error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "locks " << name << ": error: out of memory\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "locks " << name << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
