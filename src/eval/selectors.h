@@ -1,0 +1,18 @@
+// Factories of the individual selectors (one file each); the registry maps names to them.
+#pragma once
+
+#include <memory>
+
+#include "locks/eval/selector.h"
+
+namespace locks::eval {
+
+std::unique_ptr<PageSelector> make_full();
+std::unique_ptr<PageSelector> make_oracle();
+std::unique_ptr<PageSelector> make_quest();
+std::unique_ptr<PageSelector> make_shared_proj(const SelectorParams& p);
+std::unique_ptr<PageSelector> make_shadowkv(const SelectorParams& p);
+std::unique_ptr<PageSelector> make_rocket(const SelectorParams& p, bool snapkv);
+std::unique_ptr<PageSelector> make_locks(const SelectorParams& p, bool quantized);
+
+}  // namespace locks::eval
