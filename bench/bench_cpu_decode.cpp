@@ -1,0 +1,154 @@
+// CPU decode step: LOCKS (cpu::Decoder: score from summaries, GQA aggregate, select,
+// sparse attention) against dense attention over every key, on the same bf16 paged cache.
+// 8 KV heads x 4 query heads each, head_dim 128, P 16, r 8, budget 2048, batch 1, at 32K
+// and 128K tokens; int4 (shipped) and fp32 summaries.
+//
+// Each iteration runs one LOCKS step and one dense step back to back and times each
+// (manual time = the LOCKS step), so the two are measured under the same machine load.
+// Counters: locks_ms, dense_ms, time_ratio = dense / LOCKS; bytes read per step
+// (K/V at bf16 as stored; summaries as stored), bytes_ratio = dense / LOCKS.
+// Data: i.i.d. Gaussian K, V, q (the step's cost does not depend on the values).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "locks/attention.h"
+#include "locks/decoder.h"
+#include "locks/kv_cache.h"
+#include "locks/summary.h"
+
+namespace {
+
+constexpr int kKvHeads = 8, kGroup = 4, kQHeads = kKvHeads * kGroup, kHeadDim = 128;
+constexpr int kPageSize = 16, kRank = 8, kBudget = 2048;
+
+struct Setup {
+  int64_t tokens;
+  std::unique_ptr<locks::PagedKvCache> cache;
+  locks::PagedKvCache::Batch batch;
+  std::unique_ptr<locks::SummaryStore> fp32, quant;
+  std::vector<float> q;
+
+  explicit Setup(int64_t t) : tokens(t) {
+    locks::CacheLayout l;
+    l.num_blocks = t / kPageSize;
+    l.page_size = kPageSize;
+    l.num_kv_heads = kKvHeads;
+    l.head_dim = kHeadDim;
+    l.dtype = locks::DType::bf16;
+    cache = std::make_unique<locks::PagedKvCache>(l);
+    const int seq = cache->add_sequence();
+    std::mt19937 g(1);
+    std::normal_distribution<float> nd;  // benchmark data: portability irrelevant
+    const int64_t chunk = 4096;
+    std::vector<float> k(chunk * kKvHeads * kHeadDim), v(k.size());
+    for (int64_t done = 0; done < t; done += chunk) {
+      for (float& x : k) x = nd(g);
+      for (float& x : v) x = nd(g);
+      cache->append(seq, k.data(), v.data(), std::min(chunk, t - done));
+    }
+    batch = cache->batch({seq});
+    q.resize(kQHeads * kHeadDim);
+    for (float& x : q) x = nd(g);
+
+    // fp32 summaries by SVD; int4 ones by quantizing them (what summary_build does in
+    // quant mode, without a second SVD pass).
+    fp32 = std::make_unique<locks::SummaryStore>(
+        locks::summary_layout_for(l, kRank, locks::Precision::fp32));
+    quant = std::make_unique<locks::SummaryStore>(
+        locks::summary_layout_for(l, kRank, locks::Precision::quant));
+    const std::vector<int32_t>& blocks = cache->blocks(seq);
+    std::fprintf(stderr, "building summaries for %lld tokens...\n", static_cast<long long>(t));
+    locks::cpu::summary_build(cache->view(), blocks.data(), static_cast<int64_t>(blocks.size()),
+                              fp32->view());
+    const locks::SummaryView f = fp32->view(), s = quant->view();
+    const int d = kHeadDim, r = kRank, P = kPageSize;
+    for (int64_t bh = 0; bh < l.num_blocks * kKvHeads; ++bh)
+      locks::summary_quantize(f.mu + bh * d, f.basis + bh * r * d, f.coeff + bh * P * r, d, P, r,
+                              s.mu_q + bh * d, s.mu_scale + bh, s.basis_q + bh * r * (d / 2),
+                              s.basis_scale + bh * r, s.coeff_q + bh * P * r,
+                              s.coeff_scale + bh * r);
+  }
+};
+
+Setup& setup_for(int64_t tokens) {
+  static std::unique_ptr<Setup> current;  // one at a time: the 128K cache alone is 512 MB
+  if (!current || current->tokens != tokens) {
+    current.reset();
+    current = std::make_unique<Setup>(tokens);
+  }
+  return *current;
+}
+
+void BM_DecodeStep(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const bool quant = state.range(1) != 0;
+  Setup& s = setup_for(tokens);
+  const locks::CacheLayout& l = s.cache->layout();
+  locks::DecodeConfig cfg;
+  cfg.select.budget_tokens = kBudget;
+  locks::cpu::Decoder decoder(l, kQHeads, 1, s.batch.view.max_blocks_per_seq, cfg);
+  locks::SummaryStore& store = quant ? *s.quant : *s.fp32;
+  const locks::SummaryView sv = store.view();
+  const locks::QueryView qv{s.q.data(), kQHeads};
+  std::vector<float> out(kQHeads * kHeadDim);
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  double locks_s = 0, dense_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    decoder.run(s.cache->view(), sv, s.batch.view, qv, {out.data(), nullptr});
+    const auto t1 = clock::now();
+    locks::cpu::decode_attention_dense(s.cache->view(), s.batch.view, qv, scale,
+                                       {out.data(), nullptr});
+    const auto t2 = clock::now();
+    benchmark::DoNotOptimize(out.data());
+    const double a = std::chrono::duration<double>(t1 - t0).count();
+    locks_s += a;
+    dense_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(a);
+  }
+  const double n = double(state.iterations());
+  const locks::Selection sel = decoder.selection();
+  double attended = 0;  // tokens over all KV heads (no tail page here: tokens % P == 0)
+  for (int h = 0; h < kKvHeads; ++h) attended += double(sel.counts[h]) * kPageSize;
+  const double kv_bytes_per_token_head = 2.0 * 2.0 * kHeadDim;  // K and V, bf16
+  const double summary_bytes =
+      double(locks::summary_bytes_per_page(store.layout())) * double(l.num_blocks) * kKvHeads;
+  const double locks_bytes = summary_bytes + attended * kv_bytes_per_token_head;
+  const double dense_bytes = double(tokens) * kKvHeads * kv_bytes_per_token_head;
+  state.counters["locks_ms"] = 1e3 * locks_s / n;
+  state.counters["dense_ms"] = 1e3 * dense_s / n;
+  state.counters["time_ratio"] = dense_s / locks_s;
+  state.counters["locks_MB"] = locks_bytes / 1e6;
+  state.counters["summary_MB"] = summary_bytes / 1e6;
+  state.counters["dense_MB"] = dense_bytes / 1e6;
+  state.counters["bytes_ratio"] = dense_bytes / locks_bytes;
+  state.counters["locks_GBps"] = locks_bytes / (locks_s / n) / 1e9;
+  state.counters["dense_GBps"] = dense_bytes / (dense_s / n) / 1e9;
+  state.SetLabel(quant ? "int4 summaries" : "fp32 summaries");
+}
+
+// Args: {tokens, quant}. Fixed iteration counts: each iteration also runs the dense step,
+// which the manual time (LOCKS only) does not see, so an automatic count would run long.
+BENCHMARK(BM_DecodeStep)
+    ->Args({32768, 1})
+    ->Args({32768, 0})
+    ->Iterations(20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeStep)
+    ->Args({131072, 1})
+    ->Args({131072, 0})
+    ->Iterations(8)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
