@@ -2,12 +2,7 @@
 // softmax), every dtype x head_dim x page size, random and structured caches, GQA 1/4/8;
 // and sparse == dense bit for bit when the budget covers the context.
 //
-// Tolerance per (sequence, query head): a float logit q.k * scale is within d eps32 A of the
-// exact one, A = scale * max_t sum_c |q_c k_tc| (worst-case dot-product bound). The softmax
-// weights then carry a relative error of ~2 d eps32 A, plus ~eps32 per accumulated token and
-// per online-softmax rescale (one per page). So
-//   |out - out_ref| <= max|v| * 4 eps32 (d A + n_tokens + n_pages + 1)
-//   |lse - lse_ref| <= 4 eps32 (d A + n_tokens + n_pages + |lse|).
+// Tolerances: test_compare.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,58 +10,23 @@
 #include <cstring>
 
 #include "locks/reference.h"
+#include "test_compare.h"
 #include "test_params.h"
 #include "test_util.h"
 
 namespace locks::test {
 namespace {
 
-constexpr double kEps32 = 5.96e-8;
-
 void check_attention(const TestCache& t, const Selection* sel) {
   const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, d = t.spec.head_dim;
-  const int H = t.spec.num_kv_heads, G = Hq / H, P = t.spec.page_size;
   std::vector<float> out(size_t(B) * Hq * d, 777.0f), lse(size_t(B) * Hq, 777.0f);
-  std::vector<double> out_r(out.size()), lse_r(lse.size());
   if (sel) {
     cpu::decode_attention_sparse(t.view(), t.bv(), t.qv(), t.scale(), *sel,
                                  {out.data(), lse.data()});
   } else {
     cpu::decode_attention_dense(t.view(), t.bv(), t.qv(), t.scale(), {out.data(), lse.data()});
   }
-  ref::decode_attention(t.view(), t.bv(), t.qv(), t.scale(), sel, out_r.data(), lse_r.data());
-  const auto& L = t.layout();
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < Hq; ++h) {
-      SCOPED_TRACE(testing::Message() << "seq " << b << " head " << h);
-      const float* q = t.q.data() + (size_t(b) * Hq + h) * d;
-      const int32_t len = t.bv().seq_lens[b];
-      std::vector<int> pages;
-      if (sel) {
-        const int64_t row = int64_t(b) * H + h / G;
-        for (int i = 0; i < sel->counts[row]; ++i)
-          pages.push_back(sel->pages[row * sel->capacity + i]);
-      } else {
-        for (int j = 0; j < pages_of(len, P); ++j) pages.push_back(j);
-      }
-      double A = 0, vmax = 0;
-      int n = 0;
-      for (int j : pages)
-        for (int s = 0; s < std::min(P, len - j * P); ++s, ++n) {
-          const int64_t off = L.offset(t.block_of(b, j), s, h / G);
-          double a = 0;
-          for (int c = 0; c < d; ++c) {
-            a += std::fabs(double(q[c]) * load_as_float(t.view().k, L.dtype, off + c));
-            vmax = std::max(vmax, double(std::fabs(load_as_float(t.view().v, L.dtype, off + c))));
-          }
-          A = std::max(A, a * t.scale());
-        }
-      const double base = d * A + n + double(pages.size()) + 1;
-      const size_t i = size_t(b) * Hq + h;
-      EXPECT_NEAR(lse[i], lse_r[i], 4 * kEps32 * (base + std::fabs(lse_r[i])));
-      for (int c = 0; c < d; ++c)
-        EXPECT_NEAR(out[i * d + c], out_r[i * d + c], vmax * 4 * kEps32 * base);
-    }
+  expect_attention_match(t, sel, out.data(), lse.data());
 }
 
 class Attention : public testing::TestWithParam<Combo> {};
