@@ -3,6 +3,7 @@
 // a library dependency: without it the other outputs are still written).
 #include "locks/eval/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -188,8 +189,11 @@ void write_json(const std::string& path, const EvalResult& r) {
   write_file(path, j.dump(2) + "\n");
 }
 
-bool write_plots(const std::string& dir, const EvalResult& r, const std::string& title,
+bool write_plots(const std::string& dir, const EvalResult& r, const std::string& title_in,
                  std::string* why) {
+  std::string title = title_in;  // goes inside single quotes in the gnuplot script
+  for (char& c : title)
+    if (c == '\'' || c == '\\' || c == '\n') c = ' ';
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     if (why) *why = "gnuplot not found on PATH";
     return false;
@@ -218,29 +222,48 @@ bool write_plots(const std::string& dir, const EvalResult& r, const std::string&
   data("plot_recall_mean.dat", [](const Aggregate& a) { return a.recall_mean; });
   data("plot_recall_p5.dat", [](const Aggregate& a) { return a.recall_p5; });
   data("plot_err_mean.dat", [](const Aggregate& a) { return a.err_mean; });
+  const bool has_oracle = std::find(methods.begin(), methods.end(), "oracle") != methods.end();
+  if (has_oracle)
+    data("plot_recall_gap.dat", [&](const Aggregate& a) {
+      const Aggregate* o = find(r, "oracle", a.budget);
+      return o ? o->recall_mean - a.recall_mean : 0.0;
+    });
 
   const int ncol = static_cast<int>(methods.size()) + 1;
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,600 enhanced font 'Sans,11'\n"
+  gp << "set terminal pngcairo size 900,600 noenhanced font 'Sans,11'\n"
      << "set key outside right top\nset grid\nset logscale x 2\n"
      << "set xlabel 'token budget b'\nset datafile missing 'nan'\n"
      << "set xrange [" << r.cfg.budgets.front() * 0.8 << ":" << r.cfg.budgets.back() * 1.25
      << "]\n";
+  // One line style per method: colour, point and dash all differ, so overlapping curves
+  // stay distinguishable.
+  for (size_t k = 1; k <= methods.size(); ++k)
+    gp << "set style line " << k << " lw 2 pt " << k << " dt " << k << " lc " << k << "\n";
   gp << "set output 'recall_vs_budget.png'\nset title '" << title
      << ": attention-mass recall (mean)'\nset ylabel 'recall'\nset yrange [0:1.02]\n"
      << "plot for [i=2:" << ncol
-     << "] 'plot_recall_mean.dat' using 1:i with linespoints lw 2 title columnheader(i)\n";
+     << "] 'plot_recall_mean.dat' using 1:i with linespoints ls (i-1) title "
+        "columnheader(i)\n";
   gp << "set output 'recall_p5_vs_budget.png'\nset title '" << title
      << ": attention-mass recall (5th percentile)'\n"
      << "plot for [i=2:" << ncol
-     << "] 'plot_recall_p5.dat' using 1:i with linespoints lw 2 title columnheader(i)\n";
+     << "] 'plot_recall_p5.dat' using 1:i with linespoints ls (i-1) title "
+        "columnheader(i)\n";
   // The error plot leaves out FullKV (zero error: nothing to draw on a log axis).
   gp << "set output 'error_vs_budget.png'\nset title '" << title
      << ": output relative L2 error vs FullKV (mean)'\nset ylabel 'relative L2 error'\n"
      << "set autoscale y\nset logscale y\n"
      << "plot for [i=2:" << ncol
      << "] 'plot_err_mean.dat' using 1:(column(i) > 0 ? column(i) : NaN) with linespoints "
-        "lw 2 title columnheader(i)\n";
+        "ls (i-1) title columnheader(i)\n";
+  if (has_oracle)
+    gp << "set output 'recall_gap_vs_budget.png'\nset title '" << title
+       << ": recall shortfall vs the oracle (mean; 0 = as good as exact page mass)'\n"
+       << "set ylabel 'oracle recall - method recall'\nunset logscale y\nset autoscale y\n"
+       << "plot for [i=2:" << ncol
+       << "] 'plot_recall_gap.dat' using 1:i with linespoints ls (i-1) title "
+          "columnheader(i)\n";
   write_file((fs::path(dir) / "plots.gp").string(), gp.str());
   const std::string cmd = "cd '" + dir + "' && gnuplot plots.gp > gnuplot.log 2>&1";
   if (std::system(cmd.c_str()) != 0) {

@@ -7,8 +7,8 @@
 #include "command.h"
 #include "locks/error.h"
 #include "locks/eval/capture.h"
-#include "locks/eval/options.h"
 #include "locks/synthetic.h"
+#include "usage.h"
 
 namespace {
 
@@ -26,70 +26,63 @@ int run_synth_cmd(const std::vector<std::string>& args) {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;
   }
-  try {
-    Options o(args,
-              {"--kind", "--out", "--tokens", "--kv-heads", "--q-heads", "--head-dim",
-               "--page-size", "--steps", "--obs-window", "--seed"},
-              {});
-    locks::SynthConfig c;
-    c.kind = locks::synth_from_name(o.required("--kind"));
-    const std::string out = o.required("--out");
-    c.tokens = o.integer("--tokens", 16384);
-    c.num_kv_heads = static_cast<int>(o.integer("--kv-heads", 2));
-    c.num_q_heads = static_cast<int>(o.integer("--q-heads", 8));
-    c.head_dim = static_cast<int>(o.integer("--head-dim", 128));
-    c.page_size = static_cast<int>(o.integer("--page-size", 16));
-    const long long steps = o.integer("--steps", 4), obs = o.integer("--obs-window", 16);
-    const long long seed = o.integer("--seed", 0);
-    LOCKS_REQUIRE(steps >= 1 && obs >= 0 && steps + obs <= (1 << 20),
-                  "--steps must be >= 1 and --obs-window >= 0");
-    LOCKS_REQUIRE(seed >= 0, "--seed must be >= 0");
-    c.seed = static_cast<uint64_t>(seed);
-    // The generator draws every query i.i.d. from one distribution (its own stream), so the
-    // first `steps` are the decode queries and the rest the observation window.
-    c.steps = static_cast<int>(steps + obs);
-    std::cerr << "[synth] generating " << locks::synth_name(c.kind) << ", " << c.tokens << " tokens"
-              << std::endl;
-    locks::SynthData s = locks::synth_generate(c);
+  locks::cli::Args o(args,
+                     {"--kind", "--out", "--tokens", "--kv-heads", "--q-heads", "--head-dim",
+                      "--page-size", "--steps", "--obs-window", "--seed"},
+                     {});
+  locks::SynthConfig c;
+  c.kind = locks::synth_from_name(o.required("--kind"));
+  const std::string out = o.required("--out");
+  c.tokens = o.integer("--tokens", 16384, 1, int64_t(1) << 31);
+  c.num_kv_heads = static_cast<int>(o.integer("--kv-heads", 2, 1, 1024));
+  c.num_q_heads = static_cast<int>(o.integer("--q-heads", 8, 1, 4096));
+  c.head_dim = static_cast<int>(o.integer("--head-dim", 128, 16, 256));
+  c.page_size = static_cast<int>(o.integer("--page-size", 16, 2, 256));
+  const long long steps = o.integer("--steps", 4, 1, 1 << 16);
+  const long long obs = o.integer("--obs-window", 16, 0, 1 << 16);
+  const long long seed = o.integer("--seed", 0, 0, (1LL << 62));
+  c.seed = static_cast<uint64_t>(seed);
+  // The generator draws every query i.i.d. from one distribution (its own stream), so the
+  // first `steps` are the decode queries and the rest the observation window.
+  c.steps = static_cast<int>(steps + obs);
+  std::cerr << "[synth] generating " << locks::synth_name(c.kind) << ", " << c.tokens << " tokens"
+            << std::endl;
+  locks::SynthData s = locks::synth_generate(c);
 
-    CaptureMeta m;
-    m.model = std::string("synthetic/") + locks::synth_name(c.kind);
-    m.num_layers = 1;
-    m.layers = {0};
-    m.kv_heads = c.num_kv_heads;
-    m.q_heads = c.num_q_heads;
-    m.head_dim = c.head_dim;
-    m.positional_encoding = "none";
-    m.keys = "post_rope";
-    m.tokens = c.tokens;
-    m.steps = steps;
-    m.dtype = "float32";
-    nlohmann::json extra;
-    extra["synthetic"] = {{"kind", locks::synth_name(c.kind)},
-                          {"seed", seed},
-                          {"page_size", c.page_size},
-                          {"relevant_pages", s.relevant_pages},
-                          {"obs_window", obs}};
-    m.extra_json = extra.dump();
+  CaptureMeta m;
+  m.model = std::string("synthetic/") + locks::synth_name(c.kind);
+  m.num_layers = 1;
+  m.layers = {0};
+  m.kv_heads = c.num_kv_heads;
+  m.q_heads = c.num_q_heads;
+  m.head_dim = c.head_dim;
+  m.positional_encoding = "none";
+  m.keys = "post_rope";
+  m.tokens = c.tokens;
+  m.steps = steps;
+  m.dtype = "float32";
+  nlohmann::json extra;
+  extra["synthetic"] = {{"kind", locks::synth_name(c.kind)},
+                        {"seed", seed},
+                        {"page_size", c.page_size},
+                        {"relevant_pages", s.relevant_pages},
+                        {"obs_window", obs}};
+  m.extra_json = extra.dump();
 
-    LayerCapture l;
-    l.layer = 0;
-    l.k = std::move(s.keys);
-    l.v = std::move(s.values);
-    const size_t qn = size_t(steps) * c.num_q_heads * c.head_dim;
-    l.q.assign(s.queries.begin(), s.queries.begin() + qn);
-    l.q_obs.assign(s.queries.begin() + qn, s.queries.end());
-    l.obs_steps = obs;
-    fs::create_directories(out);
-    write_capture_meta(out, m);
-    write_capture_layer(out, m, l);
-    std::cerr << "[synth] wrote " << out << " (relevant pages: " << s.relevant_pages.size() << ")"
-              << std::endl;
-    return 0;
-  } catch (const locks::Error& e) {
-    std::cerr << "locks synth: " << e.what() << "\n";
-    return 1;
-  }
+  LayerCapture l;
+  l.layer = 0;
+  l.k = std::move(s.keys);
+  l.v = std::move(s.values);
+  const size_t qn = size_t(steps) * c.num_q_heads * c.head_dim;
+  l.q.assign(s.queries.begin(), s.queries.begin() + qn);
+  l.q_obs.assign(s.queries.begin() + qn, s.queries.end());
+  l.obs_steps = obs;
+  fs::create_directories(out);
+  write_capture_meta(out, m);
+  write_capture_layer(out, m, l);
+  std::cerr << "[synth] wrote " << out << " (relevant pages: " << s.relevant_pages.size() << ")"
+            << std::endl;
+  return 0;
 }
 
 }  // namespace
