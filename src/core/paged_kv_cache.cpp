@@ -1,6 +1,7 @@
 // PagedKvCache: an owning host block pool with per-sequence block lists.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "locks/error.h"
 #include "locks/kv_cache.h"
@@ -43,10 +44,21 @@ std::vector<int32_t> PagedKvCache::append(int seq, const float* k, const float* 
   LOCKS_REQUIRE(k != nullptr && v != nullptr, "k and v must be non-null");
   const int64_t row = int64_t(layout_.num_kv_heads) * layout_.head_dim;
   const int64_t n = n_tokens * row;
-  // Check everything before changing anything: a rejected call leaves the cache as it was.
+  // Convert to the storage dtype first and check the stored values: a float that is finite
+  // but overflows fp16/bf16 would put Inf in the cache, which the per-step kernels rely on
+  // never seeing. Everything is checked before anything changes: a rejected call leaves
+  // the cache as it was.
+  const int es = dtype_size(layout_.dtype);
+  std::vector<uint8_t> ks(size_t(n) * es), vs(size_t(n) * es);
   for (int64_t i = 0; i < n; ++i) {
-    LOCKS_REQUIRE(std::isfinite(k[i]), "non-finite key at token ", i / row, " (element ", i, ")");
-    LOCKS_REQUIRE(std::isfinite(v[i]), "non-finite value at token ", i / row, " (element ", i, ")");
+    store_from_float(ks.data(), layout_.dtype, i, k[i]);
+    store_from_float(vs.data(), layout_.dtype, i, v[i]);
+    LOCKS_REQUIRE(std::isfinite(load_as_float(ks.data(), layout_.dtype, i)), "key at token ",
+                  i / row, " (element ", i, ") is ", k[i], ": not finite in ",
+                  dtype_name(layout_.dtype));
+    LOCKS_REQUIRE(std::isfinite(load_as_float(vs.data(), layout_.dtype, i)), "value at token ",
+                  i / row, " (element ", i, ") is ", v[i], ": not finite in ",
+                  dtype_name(layout_.dtype));
   }
   std::vector<int32_t>& mine = blocks_[size_t(seq)];
   const int P = layout_.page_size;
@@ -65,11 +77,9 @@ std::vector<int32_t> PagedKvCache::append(int seq, const float* k, const float* 
     const int64_t pos = len + t;
     const int32_t block = mine[size_t(pos / P)];
     const int slot = static_cast<int>(pos % P);
-    const int64_t off = layout_.offset(block, slot, 0);
-    for (int64_t e = 0; e < row; ++e) {
-      store_from_float(k_.data(), layout_.dtype, off + e, k[t * row + e]);
-      store_from_float(v_.data(), layout_.dtype, off + e, v[t * row + e]);
-    }
+    const size_t off = size_t(layout_.offset(block, slot, 0)) * es;  // heads are contiguous
+    std::memcpy(k_.data() + off, ks.data() + size_t(t * row) * es, size_t(row) * es);
+    std::memcpy(v_.data() + off, vs.data() + size_t(t * row) * es, size_t(row) * es);
     if (slot == P - 1) filled.push_back(block);
   }
   lens_[size_t(seq)] = static_cast<int32_t>(new_len);
