@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The one script for the GPU side (run on the H200 machine, see docs/gpu_results.md):
+# uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
+# runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
+# benchmark; writes every log under $OUT (default ./gpu-out).
+#   scripts/gpu_tests.sh [tests] [memcheck] [racecheck] [bench] [bench-quick]   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+BUILD=${LOCKS_CUDA_BUILD:-build-cuda}
+mkdir -p "$OUT"
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(tests memcheck racecheck bench)
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cuda/lib:$PWD/$BUILD/runtime-libs"
+
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  echo "commit: ${LOCKS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+} | tee "$OUT/device.txt"
+
+TESTS=$BUILD/tests/cuda/locks_cuda_tests
+BENCH=$BUILD/bench/cuda/locks_bench_cuda
+if ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
+  echo "carried binaries do not run here; rebuilding" | tee -a "$OUT/device.txt"
+  cmake -S . -B build-gpu -G Ninja -DLOCKS_BUILD_BENCH=ON >"$OUT/rebuild.log" 2>&1 &&
+    cmake --build build-gpu --target locks_cuda_tests locks_bench_cuda >>"$OUT/rebuild.log" 2>&1
+  TESTS=build-gpu/tests/cuda/locks_cuda_tests
+  BENCH=build-gpu/bench/cuda/locks_bench_cuda
+fi
+
+status=0
+for p in "${phases[@]}"; do
+  case "$p" in
+    tests)
+      timeout 300 "$TESTS" --gtest_output=xml:"$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED) |FAILED|tests ran|Failure|error" | head -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    memcheck)
+      # Every test except the largest shape (CPU reference time dominates there).
+      timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
+        --gtest_filter='-*Shapes/DecodeOpsTest.EveryStageMatchesTheCpu/6*' >"$OUT/memcheck.log" 2>&1
+      rc=$?; echo "memcheck rc=$rc"; grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED" "$OUT/memcheck.log" | head -20
+      [ $rc -eq 0 ] || status=1 ;;
+    racecheck)
+      timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
+        --gtest_filter='SummaryBuildTest*/0:SummaryBuildTest*/4:*DecodeOpsTest*/1:*DecodeOpsTest*/3:*DecodeOpsTest*/4:DecodeSelect*:DecodeGraph*' >"$OUT/racecheck.log" 2>&1
+      rc=$?; echo "racecheck rc=$rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/racecheck.log" | head -20
+      [ $rc -eq 0 ] || status=1 ;;
+    bench)
+      timeout 420 "$BENCH" "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" ;;
+    bench-quick)
+      timeout 240 "$BENCH" "$OUT/bench.csv" --quick 2>&1 | tee "$OUT/bench.log" ;;
+    *) echo "unknown phase $p"; status=2 ;;
+  esac
+done
+exit $status

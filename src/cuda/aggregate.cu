@@ -1,0 +1,67 @@
+// GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
+// LSE_h comes from the scoring kernel's per-chunk partials, so each block reads only its
+// own chunk of pages plus G x n_chunks partials.
+#include "common.cuh"
+#include "kernels.cuh"
+
+namespace locks::cuda::detail {
+namespace {
+
+constexpr int kThreads = 128;  // one thread per page of a 128-page chunk
+static_assert(kThreads == kScoreChunk);
+
+__global__ void __launch_bounds__(kThreads)
+    aggregate_kernel(const float* __restrict__ hs, const float* __restrict__ chunk_lse,
+                     int n_chunks, int n_used, int M, int Hq, int Hkv, float* __restrict__ gs) {
+  __shared__ float lse[16];
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int G = Hq / Hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int g = warp; g < G; g += kThreads / 32) {
+    const float* cl = chunk_lse + (int64_t(b) * Hq + h * G + g) * n_chunks * 2;
+    float m = kNegInf, l = 0.0f;
+    for (int c = lane; c < n_used; c += 32) lse_merge(m, l, cl[2 * c], cl[2 * c + 1]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+      lse_merge(m, l, m2, l2);
+    }
+    if (lane == 0) lse[g] = (m == kNegInf) ? kNegInf : m + logf(l);
+  }
+  __syncthreads();
+  const int j = chunk * kScoreChunk + threadIdx.x;
+  if (j >= M) return;
+  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
+  float m = kNegInf;
+  for (int g = 0; g < G; ++g) {
+    const float x = s[int64_t(g) * M];
+    if (lse[g] == kNegInf || x == kNegInf) continue;
+    m = fmaxf(m, x - lse[g]);
+  }
+  float out = kNegInf;
+  if (m != kNegInf) {
+    float sum = 0.0f;
+    for (int g = 0; g < G; ++g) {
+      const float x = s[int64_t(g) * M];
+      if (lse[g] == kNegInf || x == kNegInf) continue;
+      sum += expf(x - lse[g] - m);
+    }
+    out = m + logf(sum) - logf(float(G));
+  }
+  gs[(int64_t(b) * Hkv + h) * M + j] = out;
+}
+
+}  // namespace
+
+void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
+                      const BatchView& batch, int Hq, int Hkv, float* group_scores,
+                      cudaStream_t st) {
+  const int M = batch.max_blocks_per_seq;
+  const int used = ceil_div(M, kScoreChunk);
+  const dim3 grid(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size));
+  aggregate_kernel<<<grid, kThreads, 0, st>>>(head_scores, chunk_lse, n_chunks, used, M, Hq, Hkv,
+                                              group_scores);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+}  // namespace locks::cuda::detail

@@ -1,0 +1,333 @@
+// Split-K paged decode attention (flash-decoding) on the tensor cores, bf16 or fp16 K/V,
+// fp32 accumulation. One block per (split, KV head, sequence); a split is a run of
+// `pages_per_split` pages (dense: logical pages in order; sparse: entries of the selection
+// list); each of the 4 warps streams whole pages (16 tokens x d, K and V) with 16-byte loads
+// and keeps an online softmax for all G query heads of the KV head; the block merges its
+// warps and writes one (max, sum, o) partial per query head; a merge kernel combines splits.
+//
+// Per page and warp: S = Q K^T as mma.m16n8k16 with rows = 8 heads x {hi, lo} halves of the
+// query (the query is split into two 16-bit parts, so the logits keep ~16 more bits than a
+// plain bf16 query), then O += P V with rows = heads. The head-dim order inside a k-step is
+// permuted to match what each thread loads (any permutation works if Q and K agree).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+#include "kernels.cuh"
+#include "locks/error.h"
+
+namespace locks::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float round(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  }
+};
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float round(float x) {
+    return __half2float(__float2half_rn(x));
+  }
+};
+
+struct AttnArgs {
+  const void* k;
+  const void* v;
+  int H, Hq;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  const int32_t* seq_lens;
+  const int32_t* sel_pages;  // null: dense
+  const int32_t* sel_counts;
+  int sel_cap;
+  int pages_per_split;
+  int n_splits;
+  const float* q;
+  float qscale;  // softmax scale * log2(e)
+  float* part_o;
+  float* part_ml;
+};
+
+// Dim of register j (0 .. D/2-1) of a thread with tig t in the K layout: 16-byte load i = j/4
+// covers dims 32 i + 8 t .. + 7; register j % 4 holds the pair (2 (j % 4), +1) of it.
+__device__ __forceinline__ int kdim(int j, int t) { return 32 * (j / 4) + 8 * t + 2 * (j % 4); }
+
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
+  using M = Mma<T>;
+  constexpr int KS = D / 16;
+  constexpr int NV = D / 8;  // n-tiles of the output
+  __shared__ float so[kWarps][16][D + 1];
+  __shared__ float sml[kWarps][16][2];
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int G = a.Hq / a.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int len = a.seq_lens[b];
+  const int n_pages = (len + 15) / 16;
+  const int64_t row = int64_t(b) * a.H + h;
+  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
+  const int start = split * a.pages_per_split;
+  if (start >= total) return;  // block-uniform: the merge reads only splits < total
+  const int stop = min(start + a.pages_per_split, total);
+
+  // Query fragments: rows gid = hi part, rows gid + 8 = lo part of head mt*8 + gid.
+  uint32_t qa[MT][KS][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int g = mt * 8 + gid;
+    const float* qr = a.q + (int64_t(b) * a.Hq + h * G + g) * D;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int dim = kdim(2 * s + x, tig);
+        float v0 = 0.f, v1 = 0.f;
+        if (g < G) {
+          const float2 v = *reinterpret_cast<const float2*>(qr + dim);
+          v0 = v.x * a.qscale;
+          v1 = v.y * a.qscale;
+        }
+        const float h0 = M::round(v0), h1 = M::round(v1);
+        qa[mt][s][2 * x] = M::pack(h0, h1);                // a0/a1 (x=0) or a4/a5 (x=1): hi rows
+        qa[mt][s][2 * x + 1] = M::pack(v0 - h0, v1 - h1);  // a2/a3 or a6/a7: lo rows
+      }
+    }
+  }
+
+  float o[NV][4];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mrow[MT], lrow[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) mrow[mt] = kNegInf, lrow[mt] = 0.f;
+
+  const T* K = static_cast<const T*>(a.k);
+  const T* V = static_cast<const T*>(a.v);
+  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
+  for (int pos = start + warp; pos < stop; pos += kWarps) {
+    const int j = a.sel_pages ? a.sel_pages[row * a.sel_cap + pos] : pos;
+    const int n_valid = (j == n_pages - 1) ? len - 16 * j : 16;
+    const int64_t blk = bt[j];
+    // K: tokens gid and gid + 8, dims per kdim; V: tokens 2t, 2t+1, 2t+8, 2t+9, dims 8 gid.. .
+    uint4 kr[2][D / 32], vr[4][D / 64];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint4* src =
+          reinterpret_cast<const uint4*>(K + ((blk * 16 + nt * 8 + gid) * a.H + h) * D) + tig;
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) kr[nt][i] = src[4 * i];
+    }
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int tok = 2 * tig + (x & 1) + 8 * (x >> 1);
+      const uint4* src = reinterpret_cast<const uint4*>(V + ((blk * 16 + tok) * a.H + h) * D) + gid;
+#pragma unroll
+      for (int i = 0; i < D / 64; ++i) vr[x][i] = src[8 * i];
+    }
+    // S = Q K^T (log2 units): per m-tile, per n-tile of 8 tokens.
+    float sv[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const uint32_t* kw = reinterpret_cast<const uint32_t*>(kr[nt]);
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+          M::run(acc, qa[mt][s][0], qa[mt][s][1], qa[mt][s][2], qa[mt][s][3], kw[2 * s],
+                 kw[2 * s + 1]);
+        const int t0 = nt * 8 + 2 * tig;
+        sv[mt][nt][0] = t0 < n_valid ? acc[0] + acc[2] : kNegInf;
+        sv[mt][nt][1] = t0 + 1 < n_valid ? acc[1] + acc[3] : kNegInf;
+      }
+    }
+    // Online softmax per head row; P as the A operand of P V.
+    uint32_t pa[4] = {0u, 0u, 0u, 0u};
+    float resc[2] = {1.f, 1.f};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx = fmaxf(fmaxf(sv[mt][0][0], sv[mt][0][1]), fmaxf(sv[mt][1][0], sv[mt][1][1]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+      const float mn = fmaxf(mrow[mt], mx);  // finite: token 0 of every page is valid
+      resc[mt] = exp2f(mrow[mt] - mn);
+      mrow[mt] = mn;
+      const float p00 = exp2f(sv[mt][0][0] - mn), p01 = exp2f(sv[mt][0][1] - mn);
+      const float p10 = exp2f(sv[mt][1][0] - mn), p11 = exp2f(sv[mt][1][1] - mn);
+      lrow[mt] = lrow[mt] * resc[mt] + (p00 + p01 + p10 + p11);
+      pa[mt] = M::pack(p00, p01);      // rows gid (mt 0) / gid + 8 (mt 1), tokens 2t, 2t+1
+      pa[2 + mt] = M::pack(p10, p11);  // tokens 2t + 8, 2t + 9
+    }
+    // O = O * rescale + P V.
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      o[n][0] *= resc[0], o[n][1] *= resc[0];
+      o[n][2] *= resc[1], o[n][3] *= resc[1];
+      const int grp = n / 8, w = (n % 8) / 2;  // 16-byte group and word within it
+      const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&vr[0][grp]);
+      const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&vr[1][grp]);
+      const uint32_t* v2 = reinterpret_cast<const uint32_t*>(&vr[2][grp]);
+      const uint32_t* v3 = reinterpret_cast<const uint32_t*>(&vr[3][grp]);
+      const uint32_t sel = (n & 1) ? 0x7632u : 0x5410u;
+      const uint32_t b0 = __byte_perm(v0[w], v1[w], sel);
+      const uint32_t b1 = __byte_perm(v2[w], v3[w], sel);
+      M::run(o[n], pa[0], pa[1], pa[2], pa[3], b0, b1);
+    }
+  }
+
+  // Merge the warps: row sums across the quad, then through shared memory.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    lrow[mt] += __shfl_xor_sync(kFull, lrow[mt], 1);
+    lrow[mt] += __shfl_xor_sync(kFull, lrow[mt], 2);
+    if (tig == 0) {
+      sml[warp][mt * 8 + gid][0] = mrow[mt];
+      sml[warp][mt * 8 + gid][1] = lrow[mt];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int dim = 64 * (n / 8) + 8 * (2 * tig + e) + (n % 8);
+      so[warp][gid][dim] = o[n][e];
+      if (MT == 2) so[warp][gid + 8][dim] = o[n][2 + e];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+    const int g = e / D, dim = e % D;
+    float mx = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sml[w][g][0]);
+    float l = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (sml[w][g][0] == kNegInf) continue;
+      const float f = exp2f(sml[w][g][0] - mx);
+      l += f * sml[w][g][1];
+      acc += f * so[w][g][dim];
+    }
+    const int64_t prow = (int64_t(b) * a.Hq + h * G + g) * a.n_splits + split;
+    a.part_o[prow * D + dim] = acc;
+    if (dim == 0) {
+      a.part_ml[prow * 2] = mx;
+      a.part_ml[prow * 2 + 1] = l;
+    }
+  }
+}
+
+__global__ void merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                             int n_splits, int pages_per_split, int H, int d,
+                             const int32_t* seq_lens, const int32_t* sel_counts, float* out,
+                             float* lse) {
+  const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
+  const int G = Hq / H;
+  const int len = seq_lens[b];
+  const int total = sel_counts ? sel_counts[int64_t(b) * H + hq / G] : (len + 15) / 16;
+  const int used = (total + pages_per_split - 1) / pages_per_split;
+  const int64_t prow = (int64_t(b) * Hq + hq) * n_splits;
+  float mx = kNegInf;
+  for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_ml[(prow + s) * 2]);
+  for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
+    float l = 0.f, acc = 0.f;
+    for (int s = 0; s < used; ++s) {
+      const float m = part_ml[(prow + s) * 2];
+      if (m == kNegInf) continue;
+      const float f = exp2f(m - mx);
+      l += f * part_ml[(prow + s) * 2 + 1];
+      acc += f * part_o[(prow + s) * d + dim];
+    }
+    out[(int64_t(b) * Hq + hq) * d + dim] = acc / l;
+    if (dim == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(l)) * kLn2;
+  }
+}
+
+template <typename T, int D>
+void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
+  if (a.Hq / a.H <= 8)
+    attn_kernel<T, D, 1><<<grid, kWarps * 32, 0, st>>>(a);
+  else
+    attn_kernel<T, D, 2><<<grid, kWarps * 32, 0, st>>>(a);
+}
+
+}  // namespace
+
+void prepare_attention_kernels() {}
+
+void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q, int Hq,
+                      float scale, const Selection* sel, int pps, int n_splits, float* part_o,
+                      float* part_ml, float* out, float* lse, cudaStream_t st) {
+  const CacheLayout& L = cache.layout;
+  AttnArgs a{cache.k,
+             cache.v,
+             L.num_kv_heads,
+             Hq,
+             batch.block_table,
+             batch.block_table_stride,
+             batch.seq_lens,
+             sel ? sel->pages : nullptr,
+             sel ? sel->counts : nullptr,
+             sel ? sel->capacity : 0,
+             pps,
+             n_splits,
+             q,
+             scale * kLog2e,
+             part_o,
+             part_ml};
+  const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
+  LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
+  const dim3 grid(unsigned(used), unsigned(L.num_kv_heads), unsigned(batch.batch_size));
+  if (L.dtype == DType::bf16) {
+    if (L.head_dim == 128)
+      launch_t<__nv_bfloat16, 128>(a, grid, st);
+    else
+      launch_t<__nv_bfloat16, 64>(a, grid, st);
+  } else {
+    if (L.head_dim == 128)
+      launch_t<__half, 128>(a, grid, st);
+    else
+      launch_t<__half, 64>(a, grid, st);
+  }
+  LOCKS_CUDA_LAUNCHED();
+  merge_kernel<<<dim3(unsigned(Hq), unsigned(batch.batch_size)), L.head_dim, 0, st>>>(
+      part_o, part_ml, n_splits, pps, L.num_kv_heads, L.head_dim, batch.seq_lens,
+      sel ? sel->counts : nullptr, out, lse);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+}  // namespace locks::cuda::detail

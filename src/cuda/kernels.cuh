@@ -1,0 +1,43 @@
+// Launchers of the decode-step kernels (internal to locks_cuda; the public API is
+// locks/cuda/decoder.h). All pointers are device pointers; no launcher synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "locks/kv_cache.h"
+#include "locks/select.h"
+#include "locks/summary.h"
+
+namespace locks::cuda::detail {
+
+constexpr int kScoreChunk = 128;    // pages per scoring block (and per chunk LSE partial)
+constexpr int kSelectChunk = 4096;  // pages per first-stage selection block
+
+// head_scores [B, Hq, M] (natural-log page scores, -inf off the full pages) and the
+// per-chunk log-sum-exp partials chunk_lse [B, Hq, n_chunks, 2] (max, sum of exp).
+void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
+                  float scale, float* head_scores, float* chunk_lse, int n_chunks,
+                  bool allow_tensor_cores, cudaStream_t st);
+bool score_uses_tensor_cores(const SummaryLayout& s, int group);
+// Raises the dynamic shared-memory limits once (outside any graph capture).
+void prepare_score_kernels();
+void prepare_attention_kernels();
+
+void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
+                      const BatchView& batch, int num_q_heads, int num_kv_heads,
+                      float* group_scores, cudaStream_t st);
+
+void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,
+                   const SelectConfig& cfg, int page_size, const Selection& out, uint32_t* cand_key,
+                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st);
+
+// Split-K attention. sel == nullptr: dense over every page. Partials part_o
+// [B, Hq, n_splits, d], part_ml [B, Hq, n_splits, 2]; then the merge writes out / lse.
+void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q,
+                      int num_q_heads, float scale, const Selection* sel, int pages_per_split,
+                      int n_splits, float* part_o, float* part_ml, float* out, float* lse,
+                      cudaStream_t st);
+
+}  // namespace locks::cuda::detail

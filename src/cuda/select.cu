@@ -1,0 +1,226 @@
+// Top-k page selection on the GPU (select.h rules), with no host sync and a grid fixed by
+// the plan. Scores become order-preserving 32-bit keys; a block-wide radix select (four
+// 8-bit digit passes, histograms in shared memory) finds the m-th largest key T and how
+// many keys equal to T to take; a stable block scan then keeps every key > T and the
+// lowest-index keys == T (ties to the lower index), in ascending page order.
+//   stage 1: one block per (4096-page chunk, KV head, sequence): the chunk's top-m
+//            candidates among the pages that are neither sink, recent nor tail;
+//   stage 2: one block per (KV head, sequence): top-m of the candidates, then the final
+//            ascending list [sinks | selected | recent | tail], -1 padded.
+#include <cub/block/block_scan.cuh>
+
+#include "common.cuh"
+#include "kernels.cuh"
+
+namespace locks::cuda::detail {
+namespace {
+
+constexpr int kThreads = 512;
+using Scan = cub::BlockScan<uint32_t, kThreads>;
+
+struct Rules {  // the budget rules for one sequence
+  int full, n_pages, has_tail, sink_end, recent_start, slots;
+  bool all;
+};
+
+__device__ Rules rules_for(int len, int P, const SelectConfig& cfg) {
+  Rules r;
+  r.full = len / P;
+  r.n_pages = (len + P - 1) / P;
+  r.has_tail = r.full < r.n_pages;
+  r.all = cfg.budget_tokens >= len;
+  r.sink_end = min(cfg.sink_pages, r.full);
+  r.recent_start = max(max(r.full - cfg.recent_pages, 0), r.sink_end);
+  const int k = cfg.budget_tokens / P;
+  r.slots = k - r.has_tail - r.sink_end - (r.full - r.recent_start);
+  return r;
+}
+
+struct SelectSmem {
+  Scan::TempStorage scan;
+  uint32_t hist[256];
+  uint32_t digit;
+  int remaining;
+  uint32_t carry_gt, carry_eq;
+};
+
+// Block-wide: the m-th largest key among valid elements (1 <= m < valid count) and the
+// number of elements equal to it that belong to the top m.
+template <typename KeyFn>
+__device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
+                                int& need_eq) {
+  uint32_t prefix = 0, mask = 0;
+  int remaining = m;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      bool valid;
+      const uint32_t k = key_of(e, valid);
+      if (valid && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {          // warp 0: find the digit where the count from the top reaches
+      const int lane = threadIdx.x;  // `remaining`; lane l owns digits 255-8l .. 248-8l
+      uint32_t c[8], tot = 0;
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        c[x] = sm.hist[255 - 8 * lane - x];
+        tot += c[x];
+      }
+      uint32_t incl = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const uint32_t excl = incl - tot;
+      const bool here = excl < uint32_t(remaining) && incl >= uint32_t(remaining);
+      if (here) {
+        uint32_t acc = excl;
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+          if (acc + c[x] >= uint32_t(remaining)) {
+            sm.digit = uint32_t(255 - 8 * lane - x);
+            sm.remaining = remaining - int(acc);
+            break;
+          }
+          acc += c[x];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= sm.digit << shift;
+    mask |= 255u << shift;
+    remaining = sm.remaining;
+    __syncthreads();
+  }
+  T = prefix;
+  need_eq = remaining;
+}
+
+// Block-wide stable compaction: emit(e, pos) for the top-m elements in index order.
+// take_all: every valid element.
+template <typename KeyFn, typename EmitFn>
+__device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_eq, SelectSmem& sm,
+                       EmitFn emit) {
+  uint32_t gt_base = 0, eq_base = 0;
+  for (int base = 0; base < n; base += kThreads) {
+    const int e = base + threadIdx.x;
+    bool valid = false;
+    uint32_t k = 0;
+    if (e < n) k = key_of(e, valid);
+    const uint32_t gt = valid && (take_all || k > T);
+    const uint32_t eq = valid && !take_all && k == T;
+    uint32_t pre, agg;
+    Scan(sm.scan).ExclusiveSum(gt | (eq << 16), pre, agg);
+    const uint32_t gt_before = gt_base + (pre & 0xffffu), eq_before = eq_base + (pre >> 16);
+    if (gt || (eq && eq_before < uint32_t(need_eq)))
+      emit(e, int(gt_before + min(eq_before, uint32_t(need_eq))));
+    gt_base += agg & 0xffffu;
+    eq_base += agg >> 16;
+    __syncthreads();  // TempStorage reuse
+  }
+  return int(gt_base + (take_all ? 0u : min(eq_base, uint32_t(need_eq))));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    select_stage1(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
+                  SelectConfig cfg, int cap, int n_chunks, uint32_t* cand_key, int32_t* cand_idx,
+                  int32_t* cand_cnt) {
+  __shared__ SelectSmem sm;
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
+  const int64_t row = (int64_t(b) * Hkv + h);
+  const Rules r = rules_for(seq_lens[b], P, cfg);
+  const int lo = max(r.sink_end, c * kSelectChunk);
+  const int hi = min(r.recent_start, (c + 1) * kSelectChunk);
+  const int n = hi - lo;
+  int32_t* cnt = cand_cnt + row * n_chunks + c;
+  if (r.all || r.slots <= 0 || n <= 0) {
+    if (threadIdx.x == 0) *cnt = 0;
+    return;
+  }
+  const float* s = gs + row * M + lo;
+  auto key_of = [&](int e, bool& valid) {
+    valid = true;
+    return float_key(s[e]);
+  };
+  uint32_t T = 0;
+  int need_eq = 0;
+  const bool all = n <= r.slots;
+  if (!all) radix_threshold(key_of, n, r.slots, sm, T, need_eq);
+  uint32_t* ok = cand_key + (row * n_chunks + c) * cap;
+  int32_t* oi = cand_idx + (row * n_chunks + c) * cap;
+  const int got = compact(key_of, n, all, T, need_eq, sm, [&](int e, int pos) {
+    ok[pos] = float_key(s[e]);
+    oi[pos] = lo + e;
+  });
+  if (threadIdx.x == 0) *cnt = got;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    select_stage2(const int32_t* __restrict__ seq_lens, int P, SelectConfig cfg, int cap,
+                  int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
+                  const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
+                  int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
+  __shared__ SelectSmem sm;
+  const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
+  const int64_t row = int64_t(b) * Hkv + h;
+  const Rules r = rules_for(seq_lens[b], P, cfg);
+  int32_t* out = pages + row * cap;
+  if (r.all) {
+    for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
+    if (threadIdx.x == 0) counts[row] = r.n_pages;
+    return;
+  }
+  // Candidates: chunk c holds cand_cnt[c] of them at [c * cap, c * cap + cnt).
+  const int32_t* cc = cand_cnt + row * n_chunks;
+  int total = 0;
+  for (int c = 0; c < n_used; ++c) total += cc[c];
+  const uint32_t* ck = cand_key + row * n_chunks * cap;
+  const int32_t* ci = cand_idx + row * n_chunks * cap;
+  auto key_of = [&](int e, bool& valid) {
+    valid = (e % cap) < cc[e / cap];
+    return valid ? ck[e] : 0u;
+  };
+  const int n = n_used * cap;
+  const int slots = max(r.slots, 0);
+  int n_mid = 0;
+  if (slots > 0 && total > 0) {
+    uint32_t T = 0;
+    int need_eq = 0;
+    const bool all = total <= slots;
+    if (!all) radix_threshold(key_of, n, slots, sm, T, need_eq);
+    n_mid = compact(key_of, n, all, T, need_eq, sm,
+                    [&](int e, int pos) { out[r.sink_end + pos] = ci[e]; });
+  }
+  const int n_recent = r.full - r.recent_start;
+  for (int i = threadIdx.x; i < r.sink_end; i += kThreads) out[i] = i;
+  for (int i = threadIdx.x; i < n_recent; i += kThreads)
+    out[r.sink_end + n_mid + i] = r.recent_start + i;
+  const int count = r.sink_end + n_mid + n_recent + r.has_tail;
+  if (threadIdx.x == 0) {
+    if (r.has_tail) out[count - 1] = r.full;
+    counts[row] = count;
+  }
+  for (int i = count + threadIdx.x; i < cap; i += kThreads) out[i] = -1;
+}
+
+}  // namespace
+
+void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
+                   const SelectConfig& cfg, int P, const Selection& out, uint32_t* cand_key,
+                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st) {
+  const int M = batch.max_blocks_per_seq;
+  const int used = ceil_div(M, kSelectChunk);
+  select_stage1<<<dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)), kThreads, 0,
+                  st>>>(group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks, cand_key,
+                        cand_idx, cand_cnt);
+  LOCKS_CUDA_LAUNCHED();
+  select_stage2<<<dim3(unsigned(Hkv), unsigned(batch.batch_size)), kThreads, 0, st>>>(
+      batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt, out.pages,
+      out.counts);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+}  // namespace locks::cuda::detail

@@ -1,0 +1,534 @@
+// GPU summary build: per (page, KV head) the centroid, the top-r eigenvectors of the centred
+// 16 x 16 Gram matrix G = D D^T (D = keys - mu, P = 16 rows), basis_k = D^T u_k / sigma_k and
+// coeff_ik = basis_k . D_i = sigma_k u_k[i], quantized in the same kernel (quant mode).
+//
+// Work layout: a block of 2 warps, each warp owns 2 (page, head) problems. Keys are staged
+// in shared memory as fp32; each half-warp computes one Gram matrix (lane i owns row i) and
+// diagonalises it with cyclic Jacobi in registers: the 15 rounds of a sweep are unrolled so
+// that every rotation pair (round-robin schedule) is a compile-time register index; the lane's
+// own pair comes through shuffles. The cuSOLVER path reuses the same load / epilogue code
+// around cusolverDnSsyevjBatched.
+#include <cusolverDn.h>
+
+#include "common.cuh"
+#include "locks/cuda/summary_builder.h"
+#include "locks/error.h"
+
+namespace locks::cuda {
+namespace {
+using detail::kNegInf;
+
+constexpr int kP = 16;          // page size (rows of the Gram matrix)
+constexpr int kWarps = 2;       // warps per block
+constexpr int kPerWarp = 2;     // problems per warp (one per half-warp in the solver)
+constexpr int kMaxSweeps = 10;  // Jacobi sweeps cap (fp32 converges in about 5-7)
+constexpr unsigned kFull = 0xffffffffu;
+
+enum class Stage : int { jacobi = 0, gram_only = 1, from_eig = 2 };
+
+struct Work {
+  // list mode: block ids; filled mode: the batch (block_table / seq_lens) and `appended`.
+  const int32_t* block_ids;
+  int64_t n_items;  // blocks (list) or sequences (filled)
+  const int32_t* block_table;
+  int64_t bt_stride;
+  const int32_t* seq_lens;
+  int appended;
+  bool filled;
+};
+
+struct Out {
+  float* mu;
+  float* basis;
+  float* coeff;
+  int8_t* mu_q;
+  float* mu_scale;
+  uint8_t* basis_q;
+  float* basis_scale;
+  int8_t* coeff_q;
+  float* coeff_scale;
+  bool quant;
+};
+
+// Physical block of problem item (or -1 when there is nothing to build).
+__device__ int32_t resolve_block(const Work& w, int64_t item) {
+  if (item >= w.n_items) return -1;
+  if (!w.filled) return w.block_ids[item];
+  const int32_t len = w.seq_lens[item];
+  const int32_t before = max(len - w.appended, 0);
+  if (len / kP == before / kP) return -1;  // no page completed by the last tokens
+  return w.block_table[item * w.bt_stride + (len / kP - 1)];
+}
+
+constexpr __host__ __device__ int rr_partner(int i, int t) {
+  return i == 15 ? t : (i == t ? 15 : (2 * t - i + 15) % 15);
+}
+
+__device__ __forceinline__ float pick(const float (&a)[16], int idx) {
+  float r = a[0];
+#pragma unroll
+  for (int k = 1; k < 16; ++k) r = (k == idx) ? a[k] : r;
+  return r;
+}
+
+// One Jacobi round t (pairs of the round-robin schedule) on the half-warp's matrix.
+template <int t>
+__device__ __forceinline__ void jacobi_round(float (&a)[16], float (&v)[16], int i) {
+  const int j = rr_partner(i, t);
+  const float aii = pick(a, i), aij = pick(a, j);
+  const float ajj = __shfl_sync(kFull, aii, j, 16);
+  float c = 1.0f, s = 0.0f;
+  {
+    const bool low = i < j;
+    const float app = low ? aii : ajj, aqq = low ? ajj : aii;
+    if (fabsf(aij) > 1e-30f) {
+      const float theta = (aqq - app) / (2.0f * aij);
+      const float at = fabsf(theta);
+      float tt = at > 1e18f ? 0.5f / at : 1.0f / (at + sqrtf(at * at + 1.0f));
+      tt = theta < 0.0f ? -tt : tt;
+      c = rsqrtf(tt * tt + 1.0f);
+      s = tt * c;
+    }
+  }
+  // Column rotations (A <- A J, V <- V J) for every pair, with the pair's lower lane's angle.
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int x = k == 0 ? t : (t + k) % 15;
+    const int y = k == 0 ? 15 : (t - k + 15) % 15;
+    const int p = x < y ? x : y, q = x < y ? y : x;
+    const float ck = __shfl_sync(kFull, c, p, 16), sk = __shfl_sync(kFull, s, p, 16);
+    const float ap = a[p], aq = a[q];
+    a[p] = ck * ap - sk * aq;
+    a[q] = sk * ap + ck * aq;
+    const float vp = v[p], vq = v[q];
+    v[p] = ck * vp - sk * vq;
+    v[q] = sk * vp + ck * vq;
+  }
+  // Row rotation (A <- J^T A): rows i and j mix.
+  const int p = min(i, j);
+  const float cp = __shfl_sync(kFull, c, p, 16), sp = __shfl_sync(kFull, s, p, 16);
+  const bool is_p = i == p;
+#pragma unroll
+  for (int col = 0; col < 16; ++col) {
+    const float other = __shfl_sync(kFull, a[col], j, 16);
+    a[col] = is_p ? (cp * a[col] - sp * other) : (sp * other + cp * a[col]);
+  }
+}
+
+template <int t>
+__device__ __forceinline__ void jacobi_rounds(float (&a)[16], float (&v)[16], int i) {
+  if constexpr (t < 15) {
+    jacobi_round<t>(a, v, i);
+    jacobi_rounds<t + 1>(a, v, i);
+  }
+}
+
+__device__ __forceinline__ float half_sum(float x) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o, 16);
+  return x;
+}
+
+template <typename T>
+__device__ __forceinline__ void load_row_vec(const T* src, float* dst, int n_vec_lane_idx) {
+  constexpr int kPer = 16 / sizeof(T);
+  const uint4 u = reinterpret_cast<const uint4*>(src)[n_vec_lane_idx];
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int x = 0; x < kPer; ++x) dst[n_vec_lane_idx * kPer + x] = detail::to_float(e[x]);
+}
+
+template <typename T, Stage S>
+__global__ void __launch_bounds__(kWarps * 32)
+    summary_kernel(const T* __restrict__ keys, int H, int d, int rank, Work work, Out out,
+                   float* __restrict__ gram_ws, const float* __restrict__ eig_vec,
+                   const float* __restrict__ eig_val) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int ld = d + 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per_warp_floats = kPerWarp * (kP * ld + kP * kP + d + kP);
+  float* wbase = smem + warp * per_warp_floats;
+  float* Dm = wbase;                     // [2][16][ld]
+  float* Um = Dm + kPerWarp * kP * ld;   // [2][16][16]   U[k][i] = u_k[i]
+  float* mum = Um + kPerWarp * kP * kP;  // [2][d]
+  float* sig = mum + kPerWarp * d;       // [2][16]
+
+  const int64_t prob0 = (int64_t(blockIdx.x) * kWarps + warp) * kPerWarp;
+  int32_t blk[kPerWarp];
+  int head[kPerWarp];
+#pragma unroll
+  for (int w = 0; w < kPerWarp; ++w) {
+    const int64_t pi = prob0 + w;
+    head[w] = int(pi % H);
+    blk[w] = resolve_block(work, pi / H);
+  }
+
+  // 1. keys -> shared (fp32), centroid, centring.
+  const int vec_per_row = d * int(sizeof(T)) / 16;
+#pragma unroll
+  for (int w = 0; w < kPerWarp; ++w) {
+    float* D = Dm + w * kP * ld;
+    for (int e = lane; e < kP * vec_per_row; e += 32) {
+      const int row = e / vec_per_row, vi = e % vec_per_row;
+      if (blk[w] >= 0) {
+        const T* src = keys + ((int64_t(blk[w]) * kP + row) * H + head[w]) * d;
+        load_row_vec<T>(src, D + row * ld, vi);
+      } else {
+        constexpr int kPer = 16 / sizeof(T);
+        for (int x = 0; x < kPer; ++x) D[row * ld + vi * kPer + x] = 0.0f;
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int w = 0; w < kPerWarp; ++w) {
+    float* D = Dm + w * kP * ld;
+    for (int c = lane; c < d; c += 32) {
+      float m = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kP; ++r) m += D[r * ld + c];
+      m *= (1.0f / kP);
+      mum[w * d + c] = m;
+#pragma unroll
+      for (int r = 0; r < kP; ++r) D[r * ld + c] -= m;
+    }
+  }
+  __syncwarp();
+
+  const int half = lane >> 4, i = lane & 15;
+  if constexpr (S != Stage::from_eig) {
+    // 2. Gram row i of the half-warp's matrix.
+    float a[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = 0.0f;
+    {
+      const float* Dh = Dm + half * kP * ld;
+      const float* Di = Dh + i * ld;
+      for (int c = 0; c < d; c += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(Di + c);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float4 y = *reinterpret_cast<const float4*>(Dh + j * ld + c);
+          a[j] = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, a[j]))));
+        }
+      }
+    }
+    if constexpr (S == Stage::gram_only) {
+      if (blk[half] >= 0) {
+        float* g = gram_ws + (prob0 + half) * 256 + i * 16;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) g[j] = a[j];
+      }
+      return;
+    } else {
+      // 3. Cyclic Jacobi until the off-diagonal mass is negligible (both halves).
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = (j == i) ? 1.0f : 0.0f;
+      for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
+        float tot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) tot += a[j] * a[j];
+        const float dg = pick(a, i);
+        const float off = half_sum(tot - dg * dg), all = half_sum(tot);
+        if (__all_sync(kFull, off <= 1e-11f * all)) break;  // off-diagonal RMS ~3e-6 of the norm
+        jacobi_rounds<0>(a, v, i);
+      }
+      // 4. Sort eigenpairs (descending, ties to the lower column) and keep the top `rank`.
+      const float lam = pick(a, i);
+      int rnk = 0;
+#pragma unroll
+      for (int o = 0; o < 16; ++o) {
+        const float lo = __shfl_sync(kFull, lam, o, 16);
+        rnk += (lo > lam) || (lo == lam && o < i);
+      }
+      float* U = Um + half * kP * kP;
+      for (int k = 0; k < rank; ++k) {
+        const unsigned m = (__ballot_sync(kFull, rnk == k) >> (16 * half)) & 0xffffu;
+        const int col = __ffs(m) - 1;
+        U[k * kP + i] = pick(v, col);
+        const float lk = __shfl_sync(kFull, lam, col, 16);
+        if (i == 0) sig[half * kP + k] = sqrtf(fmaxf(lk, 0.0f));
+      }
+    }
+  } else {
+    // Eigenpairs from cusolverDnSsyevjBatched: ascending eigenvalues, column-major vectors.
+    if (blk[half] >= 0) {
+      const int64_t pi = prob0 + half;
+      float* U = Um + half * kP * kP;
+      for (int k = 0; k < rank; ++k) {
+        const int col = kP - 1 - k;
+        U[k * kP + i] = eig_vec[pi * 256 + col * 16 + i];
+        if (i == 0) sig[half * kP + k] = sqrtf(fmaxf(eig_val[pi * 16 + col], 0.0f));
+      }
+    }
+  }
+  __syncwarp();
+
+  // 5. Epilogue, one problem at a time over the whole warp: basis, coefficients, quantization.
+#pragma unroll
+  for (int w = 0; w < kPerWarp; ++w) {
+    if (blk[w] < 0) continue;  // warp-uniform
+    const float* D = Dm + w * kP * ld;
+    const float* U = Um + w * kP * kP;
+    const float* sg = sig + w * kP;
+    const float* mu = mum + w * d;
+    const int64_t bh = int64_t(blk[w]) * H + head[w];
+    const float s0 = sg[0];
+    // mu
+    if (!out.quant) {
+      for (int c = lane; c < d; c += 32) out.mu[bh * d + c] = mu[c];
+    } else {
+      float mx = 0.0f;
+      for (int c = lane; c < d; c += 32) mx = fmaxf(mx, fabsf(mu[c]));
+      const float scale = detail::warp_max(mx) / 127.0f;
+      if (lane == 0) out.mu_scale[bh] = scale;
+      for (int c = lane; c < d; c += 32) {
+        int q = scale == 0.0f ? 0 : __float2int_rn(mu[c] / scale);
+        out.mu_q[bh * d + c] = int8_t(max(-127, min(127, q)));
+      }
+    }
+    // basis rows: lane owns dim pairs (2p, 2p+1), p = lane, lane + 32, ...
+    for (int k = 0; k < rank; ++k) {
+      const float sk = sg[k];
+      const float inv = (sk > 0.0f && sk > 1e-6f * s0) ? 1.0f / sk : 0.0f;
+      float2 val[2];
+      const int npairs = d / 2;
+      float mx = 0.0f;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int p = lane + 32 * m;
+        float x = 0.0f, y = 0.0f;
+        if (p < npairs) {
+#pragma unroll
+          for (int r = 0; r < kP; ++r) {
+            const float2 dd = *reinterpret_cast<const float2*>(D + r * ld + 2 * p);
+            x = fmaf(dd.x, U[k * kP + r], x);
+            y = fmaf(dd.y, U[k * kP + r], y);
+          }
+        }
+        val[m] = make_float2(x * inv, y * inv);
+        mx = fmaxf(mx, fmaxf(fabsf(val[m].x), fabsf(val[m].y)));
+      }
+      if (!out.quant) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int p = lane + 32 * m;
+          if (p < npairs)
+            *reinterpret_cast<float2*>(out.basis + (bh * rank + k) * d + 2 * p) = val[m];
+        }
+      } else {
+        const float scale = detail::warp_max(mx) / 7.0f;
+        if (lane == 0) out.basis_scale[bh * rank + k] = scale;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int p = lane + 32 * m;
+          if (p < npairs) {
+            int lo = scale == 0.0f ? 0 : __float2int_rn(val[m].x / scale);
+            int hi = scale == 0.0f ? 0 : __float2int_rn(val[m].y / scale);
+            lo = max(-7, min(7, lo));
+            hi = max(-7, min(7, hi));
+            out.basis_q[(bh * rank + k) * (d / 2) + p] =
+                uint8_t((unsigned(lo) & 0xFu) | ((unsigned(hi) & 0xFu) << 4));
+          }
+        }
+      }
+    }
+    // coefficients: coeff[i][k] = sigma_k u_k[i]; lanes 0..15 own key i.
+    for (int k = 0; k < rank; ++k) {
+      const float sk = sg[k];
+      const float keep = (sk > 0.0f && sk > 1e-6f * s0) ? sk : 0.0f;
+      const float cv = keep * U[k * kP + i];
+      if (!out.quant) {
+        if (half == 0) out.coeff[(bh * kP + i) * rank + k] = cv;
+      } else {
+        const float scale = detail::warp_max(fabsf(cv)) / 127.0f;
+        if (lane == 0) out.coeff_scale[bh * rank + k] = scale;
+        int q = scale == 0.0f ? 0 : __float2int_rn(cv / scale);
+        if (half == 0) out.coeff_q[(bh * kP + i) * rank + k] = int8_t(max(-127, min(127, q)));
+      }
+    }
+  }
+}
+
+size_t smem_bytes(int d) {
+  return size_t(kWarps) * kPerWarp * (kP * (d + 4) + kP * kP + d + kP) * sizeof(float);
+}
+
+struct CusolverState {
+  cusolverDnHandle_t handle = nullptr;
+  syevjInfo_t params = nullptr;
+  float* gram = nullptr;
+  float* eig = nullptr;
+  float* work = nullptr;
+  int* info = nullptr;
+  int lwork = 0;
+};
+
+#define CUSOLVER_CHECK(x)                                                                 \
+  do {                                                                                    \
+    const cusolverStatus_t st = (x);                                                      \
+    if (st != CUSOLVER_STATUS_SUCCESS)                                                    \
+      throw std::runtime_error(std::string("cuSOLVER error ") + std::to_string(int(st)) + \
+                               " in " #x);                                                \
+  } while (0)
+
+Out make_out(const SummaryView& v) {
+  return {
+      v.mu,      v.basis,       v.coeff,   v.mu_q,        v.mu_scale,
+      v.basis_q, v.basis_scale, v.coeff_q, v.coeff_scale, v.layout.precision == Precision::quant};
+}
+
+template <Stage S>
+void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work, int64_t problems,
+            const Out& out, float* gram, const float* evec, const float* eval, cudaStream_t st) {
+  const int per_block = kWarps * kPerWarp;
+  const int64_t blocks = (problems + per_block - 1) / per_block;
+  if (blocks == 0) return;
+  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "too many pages in one call: ", problems);
+  const int H = cache.layout.num_kv_heads, d = cache.layout.head_dim, r = sl.rank;
+  const size_t sm = smem_bytes(d);
+  auto go = [&](auto* k) {
+    using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+    summary_kernel<TT, S>
+        <<<unsigned(blocks), kWarps * 32, sm, st>>>(k, H, d, r, work, out, gram, evec, eval);
+  };
+  switch (cache.layout.dtype) {
+    case DType::f32:
+      go(static_cast<const float*>(cache.k));
+      break;
+    case DType::f16:
+      go(static_cast<const __half*>(cache.k));
+      break;
+    default:
+      go(static_cast<const __nv_bfloat16*>(cache.k));
+      break;
+  }
+  LOCKS_CUDA_LAUNCHED();
+}
+
+void check_views(const CacheLayout& cl, const SummaryLayout& sl, const KvCacheView& cache,
+                 const SummaryView& out) {
+  LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
+  LOCKS_REQUIRE(cache.layout.num_blocks == cl.num_blocks &&
+                    cache.layout.page_size == cl.page_size &&
+                    cache.layout.num_kv_heads == cl.num_kv_heads &&
+                    cache.layout.head_dim == cl.head_dim && cache.layout.dtype == cl.dtype,
+                "cache layout differs from the planned one");
+  LOCKS_REQUIRE(out.layout.num_blocks == sl.num_blocks && out.layout.rank == sl.rank &&
+                    out.layout.precision == sl.precision && out.layout.head_dim == sl.head_dim &&
+                    out.layout.num_kv_heads == sl.num_kv_heads,
+                "summary layout differs from the planned one");
+  if (sl.precision == Precision::fp32)
+    LOCKS_REQUIRE(out.mu && out.basis && out.coeff, "fp32 summary arrays are null");
+  else
+    LOCKS_REQUIRE(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
+                      out.coeff_scale,
+                  "quant summary arrays are null");
+}
+
+}  // namespace
+
+SummaryBuilder::SummaryBuilder(const CacheLayout& cache, const SummaryLayout& summary,
+                               Solver solver, int64_t max_pages_per_call)
+    : cache_(cache), summary_(summary), solver_(solver), max_pages_(max_pages_per_call) {
+  validate_layout(cache);
+  validate_summary_layout(summary);
+  LOCKS_REQUIRE(cache.page_size == kP, "the CUDA summary build needs page_size 16, got ",
+                cache.page_size);
+  LOCKS_REQUIRE(cache.head_dim % 8 == 0 && cache.head_dim <= 128,
+                "the CUDA summary build needs head_dim a multiple of 8 and <= 128, got ",
+                cache.head_dim);
+  LOCKS_REQUIRE(summary.num_blocks == cache.num_blocks && summary.page_size == cache.page_size &&
+                    summary.num_kv_heads == cache.num_kv_heads &&
+                    summary.head_dim == cache.head_dim,
+                "summary layout does not match the cache layout");
+  LOCKS_REQUIRE(max_pages_per_call >= 1, "max_pages_per_call must be >= 1, got ",
+                max_pages_per_call);
+  const size_t sm = smem_bytes(cache.head_dim);
+  for (auto f : {(const void*)summary_kernel<float, Stage::jacobi>,
+                 (const void*)summary_kernel<__half, Stage::jacobi>,
+                 (const void*)summary_kernel<__nv_bfloat16, Stage::jacobi>,
+                 (const void*)summary_kernel<float, Stage::gram_only>,
+                 (const void*)summary_kernel<__half, Stage::gram_only>,
+                 (const void*)summary_kernel<__nv_bfloat16, Stage::gram_only>,
+                 (const void*)summary_kernel<float, Stage::from_eig>,
+                 (const void*)summary_kernel<__half, Stage::from_eig>,
+                 (const void*)summary_kernel<__nv_bfloat16, Stage::from_eig>})
+    LOCKS_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
+  if (solver == Solver::cusolver) {
+    auto* s = new CusolverState;
+    solver_state_ = s;
+    const int64_t n = max_pages_per_call * cache.num_kv_heads;
+    LOCKS_REQUIRE(n < (int64_t(1) << 31) / 256, "max_pages_per_call too large for cuSOLVER");
+    CUSOLVER_CHECK(cusolverDnCreate(&s->handle));
+    CUSOLVER_CHECK(cusolverDnCreateSyevjInfo(&s->params));
+    CUSOLVER_CHECK(cusolverDnXsyevjSetTolerance(s->params, 1e-7));
+    CUSOLVER_CHECK(cusolverDnXsyevjSetMaxSweeps(s->params, 15));
+    // Pad the batch to whole blocks of the Gram kernel so it can write every slot.
+    const int64_t n_pad = (n + 3) / 4 * 4 + 4;
+    LOCKS_CUDA_CHECK(cudaMalloc(&s->gram, size_t(n_pad) * 256 * sizeof(float)));
+    LOCKS_CUDA_CHECK(cudaMalloc(&s->eig, size_t(n_pad) * 16 * sizeof(float)));
+    LOCKS_CUDA_CHECK(cudaMalloc(&s->info, size_t(n_pad) * sizeof(int)));
+    CUSOLVER_CHECK(cusolverDnSsyevjBatched_bufferSize(s->handle, CUSOLVER_EIG_MODE_VECTOR,
+                                                      CUBLAS_FILL_MODE_LOWER, 16, s->gram, 16,
+                                                      s->eig, &s->lwork, s->params, int(n)));
+    LOCKS_CUDA_CHECK(cudaMalloc(&s->work, size_t(s->lwork) * sizeof(float)));
+  }
+}
+
+SummaryBuilder::~SummaryBuilder() {
+  if (auto* s = static_cast<CusolverState*>(solver_state_)) {
+    cudaFree(s->gram);
+    cudaFree(s->eig);
+    cudaFree(s->work);
+    cudaFree(s->info);
+    cusolverDnDestroySyevjInfo(s->params);
+    cusolverDnDestroy(s->handle);
+    delete s;
+  }
+}
+
+void SummaryBuilder::build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                           const SummaryView& out, cudaStream_t stream) {
+  check_views(cache_, summary_, cache, out);
+  LOCKS_REQUIRE(n_blocks >= 0 && n_blocks <= max_pages_, "n_blocks ", n_blocks,
+                " outside [0, max_pages_per_call = ", max_pages_, "]");
+  if (n_blocks == 0) return;
+  LOCKS_REQUIRE(block_ids != nullptr, "block_ids is null");
+  Work w{block_ids, n_blocks, nullptr, 0, nullptr, 0, false};
+  const int64_t problems = n_blocks * cache_.num_kv_heads;
+  const Out o = make_out(out);
+  if (solver_ == Solver::warp_jacobi) {
+    launch<Stage::jacobi>(cache, summary_, w, problems, o, nullptr, nullptr, nullptr, stream);
+    return;
+  }
+  auto* s = static_cast<CusolverState*>(solver_state_);
+  launch<Stage::gram_only>(cache, summary_, w, problems, o, s->gram, nullptr, nullptr, stream);
+  CUSOLVER_CHECK(cusolverDnSetStream(s->handle, stream));
+  CUSOLVER_CHECK(cusolverDnSsyevjBatched(s->handle, CUSOLVER_EIG_MODE_VECTOR,
+                                         CUBLAS_FILL_MODE_LOWER, 16, s->gram, 16, s->eig, s->work,
+                                         s->lwork, s->info, s->params, int(problems)));
+  launch<Stage::from_eig>(cache, summary_, w, problems, o, nullptr, s->gram, s->eig, stream);
+}
+
+void SummaryBuilder::build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                                  const SummaryView& out, cudaStream_t stream) {
+  check_views(cache_, summary_, cache, out);
+  LOCKS_REQUIRE(solver_ == Solver::warp_jacobi, "build_filled needs the warp_jacobi solver");
+  LOCKS_REQUIRE(appended >= 1 && appended <= kP, "appended must be in [1, 16], got ", appended);
+  LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
+                "batch is empty or has null arrays");
+  Work w{nullptr,
+         batch.batch_size,
+         batch.block_table,
+         batch.block_table_stride,
+         batch.seq_lens,
+         appended,
+         true};
+  launch<Stage::jacobi>(cache, summary_, w, int64_t(batch.batch_size) * cache_.num_kv_heads,
+                        make_out(out), nullptr, nullptr, nullptr, stream);
+}
+
+}  // namespace locks::cuda

@@ -1,0 +1,258 @@
+// The decode-step kernels op by op: scoring vs ref::score_pages (float64), GQA aggregation
+// vs cpu::aggregate_gqa and selection vs cpu::select_pages on the GPU's own inputs (so the
+// selection must match exactly), attention vs ref::decode_attention with the GPU's
+// selection, and the whole step vs cpu::Decoder (page sets equal up to ties).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "gpu_helpers.h"
+#include "locks/cuda/decoder.h"
+#include "locks/error.h"
+#include "locks/reference.h"
+
+namespace locks::cuda_test {
+namespace {
+
+struct OpCase {
+  int Hkv, G, d;
+  Precision prec;
+  DType dtype;
+  std::vector<int64_t> lens;
+  SelectConfig sel;
+};
+
+std::string name(const OpCase& c) {
+  return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_d" + std::to_string(c.d) +
+         "_" + precision_name(c.prec) + "_" + dtype_name(c.dtype);
+}
+
+class DecodeOpsTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const OpCase c = GetParam();
+  SCOPED_TRACE(name(c));
+  const int P = 16, r = 8, Hq = c.Hkv * c.G, d = c.d;
+  int64_t blocks = 0;
+  for (int64_t l : c.lens) blocks += (l + P - 1) / P;
+  CacheLayout L{blocks + 4, P, c.Hkv, d, c.dtype};
+  GpuCache gc(L);
+  for (size_t s = 0; s < c.lens.size(); ++s) {
+    std::vector<float> k, v;
+    make_kv(c.lens[s], c.Hkv, d, P, 6, 1000 + s, k, v);
+    gc.add(k, v, c.lens[s]);
+  }
+  gc.sync();
+  const int B = int(c.lens.size()), M = gc.batch.view.max_blocks_per_seq;
+  const std::vector<int32_t> ids = gc.full_blocks();
+  SummaryLayout sl = summary_layout_for(L, r, c.prec);
+  SummaryStore store(sl);
+  cpu::summary_build(gc.host.view(), ids.data(), int64_t(ids.size()), store.view());
+  GpuSummaries gs(sl);
+  gs.upload_from(store);
+
+  const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 42);
+  DevBuf<float> dq(q);
+  cuda::Plan plan{L, Hq, B, M, DecodeConfig{c.sel, 0.0f}};
+  cuda::Decoder dec(plan);
+  const float scale = dec.scale();
+  const QueryView hq{q.data(), Hq}, dqv{dq.p, Hq};
+  const BatchView hb = gc.batch.view, db = gc.dbatch();
+
+  // 1. scores vs float64 reference.
+  CK(cudaMemset(const_cast<float*>(dec.head_scores()), 0x7f, size_t(B) * Hq * M * 4));
+  dec.score(gs.view(), db, dqv, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> hs(size_t(B) * Hq * M);
+  CK(cudaMemcpy(hs.data(), dec.head_scores(), hs.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<double> ref_hs(hs.size());
+  const SummaryView hv = store.view();
+  ref::score_pages(hv, hb, hq, scale, ref_hs.data());
+  double worst = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    if (std::isinf(ref_hs[i])) {
+      ASSERT_TRUE(std::isinf(hs[i]) && hs[i] < 0) << "score " << i << " = " << hs[i];
+    } else {
+      ASSERT_TRUE(std::isfinite(hs[i])) << "score " << i;
+      worst = std::max(worst, std::fabs(hs[i] - ref_hs[i]) / std::max(1.0, std::fabs(ref_hs[i])));
+    }
+  }
+  EXPECT_LT(worst, 1e-4) << "worst relative score error";
+
+  // 2. aggregation vs cpu on the GPU's head scores.
+  dec.aggregate(db, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ga(size_t(B) * c.Hkv * M), ca(ga.size());
+  CK(cudaMemcpy(ga.data(), dec.group_scores(), ga.size() * 4, cudaMemcpyDeviceToHost));
+  cpu::aggregate_gqa(hs.data(), hb, Hq, c.Hkv, ca.data());
+  for (size_t i = 0; i < ga.size(); ++i) {
+    if (std::isinf(ca[i])) {
+      ASSERT_EQ(ga[i], ca[i]) << i;
+    } else {
+      ASSERT_NEAR(ga[i], ca[i], 2e-5 * std::max(1.0f, std::fabs(ca[i]))) << i;
+    }
+  }
+
+  // 3. selection vs cpu on the GPU's group scores: identical.
+  dec.select(db, nullptr);
+  CK(cudaDeviceSynchronize());
+  const Selection gsel = dec.selection();
+  const int cap = gsel.capacity;
+  std::vector<int32_t> gp(size_t(B) * c.Hkv * cap), gcnt(size_t(B) * c.Hkv);
+  CK(cudaMemcpy(gp.data(), gsel.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(gcnt.data(), gsel.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> cp(gp.size()), ccnt(gcnt.size());
+  cpu::select_pages(ga.data(), hb, c.Hkv, P, c.sel, Selection{cp.data(), ccnt.data(), cap});
+  EXPECT_EQ(gcnt, ccnt);
+  EXPECT_EQ(gp, cp);
+
+  // 4. sparse attention with the GPU selection, dense attention: vs float64 reference.
+  for (int dense = 0; dense < 2; ++dense) {
+    DevBuf<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
+    out.poison(), lse.poison();
+    const Selection hsel{gp.data(), gcnt.data(), cap};
+    dec.attend(gc.dview(), db, dqv, dense ? nullptr : &gsel, AttentionOutput{out.p, lse.p},
+               nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto o = out.download(), ls = lse.download();
+    std::vector<double> ro(o.size()), rl(ls.size());
+    ref::decode_attention(gc.host.view(), hb, hq, scale, dense ? nullptr : &hsel, ro.data(),
+                          rl.data());
+    double worst_o = 0, worst_l = 0;
+    for (int i = 0; i < B * Hq; ++i) {
+      double num = 0, den = 1e-30;
+      for (int e = 0; e < d; ++e) {
+        const double x = o[size_t(i) * d + e], y = ro[size_t(i) * d + e];
+        ASSERT_TRUE(std::isfinite(x)) << "output " << i;
+        num += (x - y) * (x - y);
+        den += y * y;
+      }
+      worst_o = std::max(worst_o, std::sqrt(num / den));
+      worst_l = std::max(worst_l, std::fabs(ls[size_t(i)] - rl[size_t(i)]));
+    }
+    EXPECT_LT(worst_o, 1e-2) << (dense ? "dense" : "sparse") << " output rel L2";
+    EXPECT_LT(worst_l, 1e-3) << (dense ? "dense" : "sparse") << " lse";
+  }
+
+  // 5. the whole step vs cpu::Decoder: same page sets except where group scores tie.
+  DevBuf<float> out(size_t(B) * Hq * d);
+  dec.run(gc.dview(), gs.view(), db, dqv, AttentionOutput{out.p, nullptr}, nullptr);
+  CK(cudaDeviceSynchronize());
+  cpu::Decoder cdec(L, Hq, B, M, DecodeConfig{c.sel, 0.0f});
+  std::vector<float> co(size_t(B) * Hq * d);
+  cdec.run(gc.host.view(), store.view(), hb, hq, AttentionOutput{co.data(), nullptr});
+  const Selection cs = cdec.selection();
+  CK(cudaMemcpy(gp.data(), gsel.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+  const auto& cg = cdec.group_scores();
+  int differing = 0;
+  for (int row = 0; row < B * c.Hkv; ++row) {
+    std::set<int> a(gp.begin() + int64_t(row) * cap,
+                    gp.begin() + int64_t(row) * cap + gcnt[size_t(row)]);
+    std::set<int> e(cs.pages + int64_t(row) * cs.capacity,
+                    cs.pages + int64_t(row) * cs.capacity + cs.counts[row]);
+    ASSERT_EQ(a.size(), e.size());
+    std::vector<float> only_gpu, only_cpu;  // CPU group scores of the pages the two disagree on
+    for (int j : a)
+      if (!e.count(j)) only_gpu.push_back(cg[size_t(row) * M + j]);
+    for (int j : e)
+      if (!a.count(j)) only_cpu.push_back(cg[size_t(row) * M + j]);
+    ASSERT_EQ(only_gpu.size(), only_cpu.size());
+    std::sort(only_gpu.begin(), only_gpu.end());
+    std::sort(only_cpu.begin(), only_cpu.end());
+    for (size_t i = 0; i < only_gpu.size(); ++i) {
+      ++differing;
+      EXPECT_NEAR(only_gpu[i], only_cpu[i], 1e-3 * std::max(1.0f, std::fabs(only_cpu[i])))
+          << "row " << row << ": pages chosen differently are not a near-tie";
+    }
+  }
+  RecordProperty("differing_pages", differing);
+  if (differing == 0) {
+    const auto o = out.download();
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < co.size(); ++i) {
+      num += (double(o[i]) - co[i]) * (double(o[i]) - co[i]);
+      den += double(co[i]) * co[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << "whole-step output vs cpu::Decoder";
+  }
+}
+
+const std::vector<int64_t> kRagged = {1, 15, 16 * 3, 16 * 50 + 7, 16 * 300, 16 * 1200 + 9};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DecodeOpsTest,
+    ::testing::Values(OpCase{4, 1, 64, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{2, 4, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{1, 8, 64, Precision::quant, DType::f16, kRagged, {256, 0, 0}},
+                      OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}},
+                      OpCase{2, 4, 128, Precision::fp32, DType::f16, kRagged, {512, 1, 2}},
+                      OpCase{1, 16, 64, Precision::fp32, DType::bf16, kRagged, {100, 0, 1}},
+                      // more than one 4096-page selection chunk
+                      OpCase{1,
+                             4,
+                             64,
+                             Precision::quant,
+                             DType::bf16,
+                             {16 * 9000 + 5, 16 * 4097, 300},
+                             {2048, 1, 2}}),
+    [](const ::testing::TestParamInfo<OpCase>& i) {
+      return name(i.param) + "_" + std::to_string(i.index);
+    });
+
+// Ties: many equal group scores must resolve to the lower index, exactly like the CPU.
+TEST(DecodeSelect, TiesGoToTheLowerIndex) {
+  SKIP_WITHOUT_GPU();
+  const int P = 16, Hkv = 2, d = 64;
+  const std::vector<int64_t> lens = {16 * 5000, 16 * 700 + 3, 16 * 9};
+  int64_t blocks = 0;
+  for (auto l : lens) blocks += (l + P - 1) / P;
+  CacheLayout L{blocks, P, Hkv, d, DType::bf16};
+  GpuCache gc(L);
+  for (auto l : lens) {
+    std::vector<float> k(size_t(l) * Hkv * d, 0.1f), v = k;
+    gc.add(k, v, l);
+  }
+  gc.sync();
+  const int B = 3, M = gc.batch.view.max_blocks_per_seq;
+  const SelectConfig sc{1024, 2, 3};
+  cuda::Decoder dec(cuda::Plan{L, 4 * Hkv, B, M, DecodeConfig{sc, 0.0f}});
+  std::mt19937 rng(5);
+  std::vector<float> g(size_t(B) * Hkv * M);
+  for (auto& x : g) x = float(int(rng() % 4)) * 0.25f;  // four levels: massive ties
+  CK(cudaMemcpy(const_cast<float*>(dec.group_scores()), g.data(), g.size() * 4,
+                cudaMemcpyHostToDevice));
+  dec.select(gc.dbatch(), nullptr);
+  CK(cudaDeviceSynchronize());
+  const Selection s = dec.selection();
+  std::vector<int32_t> gp(size_t(B) * Hkv * s.capacity), gcnt(size_t(B) * Hkv);
+  CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> cp(gp.size()), cc(gcnt.size());
+  cpu::select_pages(g.data(), gc.batch.view, Hkv, P, sc,
+                    Selection{cp.data(), cc.data(), s.capacity});
+  EXPECT_EQ(gcnt, cc);
+  EXPECT_EQ(gp, cp);
+}
+
+TEST(DecodePlan, RejectsUnsupportedShapes) {
+  SKIP_WITHOUT_GPU();
+  auto make = [](CacheLayout L, int hq, int budget) {
+    cuda::Plan p;
+    p.cache = L;
+    p.num_q_heads = hq;
+    p.max_batch = 1;
+    p.max_blocks_per_seq = 4;
+    p.cfg.select.budget_tokens = budget;
+    cuda::Decoder d(p);
+  };
+  EXPECT_THROW(make(CacheLayout{8, 8, 2, 128, DType::bf16}, 8, 512), Error);    // page size 8
+  EXPECT_THROW(make(CacheLayout{8, 16, 2, 96, DType::bf16}, 8, 512), Error);    // head_dim 96
+  EXPECT_THROW(make(CacheLayout{8, 16, 1, 128, DType::bf16}, 32, 512), Error);  // group 32
+  EXPECT_THROW(make(CacheLayout{8, 16, 2, 128, DType::bf16}, 8, 8), Error);     // budget < 1 page
+}
+
+}  // namespace
+}  // namespace locks::cuda_test
