@@ -5,10 +5,13 @@
 //
 // Each iteration runs one LOCKS step and one dense step back to back and times each
 // (manual time = the LOCKS step), so the two are measured under the same machine load.
-// Counters: locks_ms, dense_ms, time_ratio = dense / LOCKS; bytes read per step
+// Counters: locks_ms, dense_ms, time_ratio = dense / LOCKS (wall); the same in process CPU
+// time (locks_cpu_ms, dense_cpu_ms, cpu_time_ratio); bytes read per step
 // (K/V at bf16 as stored; summaries as stored), bytes_ratio = dense / LOCKS.
+// BM_StepStages splits the LOCKS step into its four stages (32K only).
 // Data: i.i.d. Gaussian K, V, q (the step's cost does not depend on the values).
 #include <benchmark/benchmark.h>
+#include <time.h>
 
 #include <chrono>
 #include <cmath>
@@ -20,6 +23,8 @@
 #include "locks/attention.h"
 #include "locks/decoder.h"
 #include "locks/kv_cache.h"
+#include "locks/score.h"
+#include "locks/select.h"
 #include "locks/summary.h"
 
 namespace {
@@ -76,6 +81,14 @@ struct Setup {
   }
 };
 
+// CPU time of the whole process (all threads), seconds. With OMP_NUM_THREADS=1 it is the
+// step's compute time without the time spent descheduled on a shared machine.
+double process_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 Setup& setup_for(int64_t tokens) {
   static std::unique_ptr<Setup> current;  // one at a time: the 128K cache alone is 512 MB
   if (!current || current->tokens != tokens) {
@@ -98,15 +111,19 @@ void BM_DecodeStep(benchmark::State& state) {
   const locks::QueryView qv{s.q.data(), kQHeads};
   std::vector<float> out(kQHeads * kHeadDim);
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
-  double locks_s = 0, dense_s = 0;
+  double locks_s = 0, dense_s = 0, locks_cpu = 0, dense_cpu = 0;
   using clock = std::chrono::steady_clock;
   for (auto _ : state) {
+    const double c0 = process_cpu_s();
     const auto t0 = clock::now();
     decoder.run(s.cache->view(), sv, s.batch.view, qv, {out.data(), nullptr});
     const auto t1 = clock::now();
+    const double c1 = process_cpu_s();
     locks::cpu::decode_attention_dense(s.cache->view(), s.batch.view, qv, scale,
                                        {out.data(), nullptr});
     const auto t2 = clock::now();
+    dense_cpu += process_cpu_s() - c1;
+    locks_cpu += c1 - c0;
     benchmark::DoNotOptimize(out.data());
     const double a = std::chrono::duration<double>(t1 - t0).count();
     locks_s += a;
@@ -125,12 +142,59 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["locks_ms"] = 1e3 * locks_s / n;
   state.counters["dense_ms"] = 1e3 * dense_s / n;
   state.counters["time_ratio"] = dense_s / locks_s;
+  state.counters["locks_cpu_ms"] = 1e3 * locks_cpu / n;
+  state.counters["dense_cpu_ms"] = 1e3 * dense_cpu / n;
+  state.counters["cpu_time_ratio"] = dense_cpu / locks_cpu;
   state.counters["locks_MB"] = locks_bytes / 1e6;
   state.counters["summary_MB"] = summary_bytes / 1e6;
   state.counters["dense_MB"] = dense_bytes / 1e6;
   state.counters["bytes_ratio"] = dense_bytes / locks_bytes;
   state.counters["locks_GBps"] = locks_bytes / (locks_s / n) / 1e9;
   state.counters["dense_GBps"] = dense_bytes / (dense_s / n) / 1e9;
+  state.SetLabel(quant ? "int4 summaries" : "fp32 summaries");
+}
+
+// Where a LOCKS step's time goes: the four stages cpu::Decoder::run chains, timed apart
+// (counters in ms per step), on the same cache and summaries.
+void BM_StepStages(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const bool quant = state.range(1) != 0;
+  Setup& s = setup_for(tokens);
+  locks::SummaryStore& store = quant ? *s.quant : *s.fp32;
+  const locks::SummaryView sv = store.view();
+  const locks::QueryView qv{s.q.data(), kQHeads};
+  const int M = s.batch.view.max_blocks_per_seq;
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  locks::SelectConfig cfg;
+  cfg.budget_tokens = kBudget;
+  const int cap = locks::select_capacity(cfg, kPageSize, M);
+  std::vector<float> head(size_t(kQHeads) * M), group(size_t(kKvHeads) * M),
+      out(kQHeads * kHeadDim);
+  std::vector<int32_t> pages(size_t(kKvHeads) * cap), counts(kKvHeads);
+  const locks::Selection sel{pages.data(), counts.data(), cap};
+  double t[4] = {0, 0, 0, 0};
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    locks::cpu::score_pages(sv, s.batch.view, qv, scale, head.data());
+    const auto t1 = clock::now();
+    locks::cpu::aggregate_gqa(head.data(), s.batch.view, kQHeads, kKvHeads, group.data());
+    const auto t2 = clock::now();
+    locks::cpu::select_pages(group.data(), s.batch.view, kKvHeads, kPageSize, cfg, sel);
+    const auto t3 = clock::now();
+    locks::cpu::decode_attention_sparse(s.cache->view(), s.batch.view, qv, scale, sel,
+                                        {out.data(), nullptr});
+    const auto t4 = clock::now();
+    benchmark::DoNotOptimize(out.data());
+    const clock::time_point ts[5] = {t0, t1, t2, t3, t4};
+    for (int i = 0; i < 4; ++i) t[i] += std::chrono::duration<double>(ts[i + 1] - ts[i]).count();
+    state.SetIterationTime(std::chrono::duration<double>(t4 - t0).count());
+  }
+  const double n = double(state.iterations());
+  state.counters["score_ms"] = 1e3 * t[0] / n;
+  state.counters["aggregate_ms"] = 1e3 * t[1] / n;
+  state.counters["select_ms"] = 1e3 * t[2] / n;
+  state.counters["sparse_attn_ms"] = 1e3 * t[3] / n;
   state.SetLabel(quant ? "int4 summaries" : "fp32 summaries");
 }
 
@@ -150,5 +214,12 @@ BENCHMARK(BM_DecodeStep)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
+
+BENCHMARK(BM_StepStages)
+    ->Args({32768, 1})
+    ->Args({32768, 0})
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
