@@ -8,13 +8,30 @@ import os as _os
 
 import torch as _torch
 
-_LIB = _os.path.join(_os.path.dirname(__file__), "liblocks_torch.so")
+
+
+def _find_library() -> str:
+    here = _os.path.join(_os.path.dirname(__file__), "liblocks_torch.so")
+    if _os.path.exists(here):
+        return here
+    try:  # editable install: the library sits in site-packages, the sources here
+        from importlib.metadata import distribution
+
+        return str(distribution("locks").locate_file("locks/liblocks_torch.so"))
+    except Exception:  # noqa: BLE001 - no installed distribution
+        return here
+
+
+_LIB = _find_library()
 if not _os.path.exists(_LIB):
     raise ImportError(
         f"locks: the compiled operator library is missing ({_LIB}); install the package with "
         "`pip install --no-build-isolation .` from the repository root"
     )
 _torch.ops.load_library(_LIB)
+# locks_core's own OpenMP pool: 1 thread unless LOCKS_NUM_THREADS says otherwise (see
+# python/csrc/ops_threads.cpp for the measurement behind this default).
+_torch.ops.locks.set_num_threads(int(_os.environ.get("LOCKS_NUM_THREADS", "1")))
 
 from . import ops  # noqa: E402  (registers the fake implementations)
 

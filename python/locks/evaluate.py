@@ -1,0 +1,124 @@
+"""FullKV vs LOCKS on a real model: next-token agreement and KL while decoding real text
+(teacher-forced, so both see the same tokens), and side-by-side greedy generation."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from . import hf
+
+
+@contextlib.contextmanager
+def attn_implementation(model, name: str):
+    old = model.config._attn_implementation
+    if name == hf.ATTN_NAME:
+        hf.register()
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(old)
+
+
+def _dense_impl(model) -> str:
+    impl = getattr(model, "_locks_dense_impl", None) or model.config._attn_implementation
+    return "sdpa" if impl == hf.ATTN_NAME else impl
+
+
+@torch.inference_mode()
+def _forced_logprobs(model, ids: torch.Tensor, prefill: int, cache, kw: str, first=None):
+    """Log-probs of the next token at each decode step, teacher-forced on ids[:, prefill:].
+    Returns (list of [B, V] float32 log-prob tensors, seconds spent decoding)."""
+    if first is None:
+        out = model(input_ids=ids[:, :prefill], use_cache=True, **{kw: cache})
+    steps = ids.shape[1] - prefill
+    res = []
+    t0 = time.perf_counter()
+    for t in range(steps):
+        out = model(input_ids=ids[:, prefill + t:prefill + t + 1], use_cache=True, **{kw: cache})
+        res.append(F.log_softmax(out.logits[:, -1].float(), dim=-1))
+    return res, time.perf_counter() - t0
+
+
+@dataclass
+class Agreement:
+    budget: int | None
+    steps: int
+    top1_agreement: float  # share of decode steps whose argmax equals FullKV's
+    mean_kl: float  # mean over steps of KL(FullKV || LOCKS), nats
+    max_kl: float
+    decode_s: float
+    per_step_kl: list[float] = field(default_factory=list)
+
+
+@torch.inference_mode()
+def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | None],
+                   **locks_kwargs) -> tuple[list[Agreement], float]:
+    """Decode ids[:, prefill:] teacher-forced with FullKV (the model's own dense attention and
+    DynamicCache) and with LOCKS at each budget (one shared prefill, copied per budget).
+    Returns (one Agreement per budget, FullKV decode seconds)."""
+    from transformers import DynamicCache
+
+    kw = hf.cache_kwarg(model)
+    with attn_implementation(model, _dense_impl(model)):
+        ref, ref_s = _forced_logprobs(model, ids, prefill, DynamicCache(config=model.config), kw)
+    results = []
+    with attn_implementation(model, hf.ATTN_NAME):
+        base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
+        model(input_ids=ids[:, :prefill], use_cache=True, **{kw: base})
+        for b in budgets:
+            cache = copy.deepcopy(base)
+            cfg = hf.LocksConfig(budget=b, **locks_kwargs)
+            cfg.validate()
+            for layer in cache.layers:
+                layer.cfg = cfg
+            got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True)
+            kls = [float(F.kl_div(g, r, log_target=True, reduction="sum")) / r.shape[0]
+                   for g, r in zip(got, ref)]
+            agree = [bool((g.argmax(-1) == r.argmax(-1)).all()) for g, r in zip(got, ref)]
+            results.append(Agreement(b, len(kls), sum(agree) / len(agree), sum(kls) / len(kls),
+                                     max(kls), s, kls))
+    return results, ref_s
+
+
+@dataclass
+class SideBySide:
+    full_text: list[str]
+    locks_text: list[str]
+    agreement: float  # share of generated positions where LOCKS's token equals FullKV's
+    first_divergence: list[int]  # per prompt, index of the first differing token (-1: none)
+    full_s: float
+    locks_s: float
+    new_tokens: int
+
+
+@torch.inference_mode()
+def side_by_side(model, tokenizer, prompts: list[str], max_new_tokens: int, budget: int | None,
+                 **locks_kwargs) -> SideBySide:
+    """Greedy generation with FullKV and with LOCKS on the same prompts (left-padded batch)."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+    n = enc.input_ids.shape[1]
+    gen = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+               pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+
+    def run(cache):
+        kw = {hf.cache_kwarg(model): cache} if cache is not None else {}
+        t0 = time.perf_counter()
+        out = model.generate(**enc, **gen, **kw)
+        return out[:, n:], time.perf_counter() - t0
+
+    with attn_implementation(model, _dense_impl(model)):
+        full, full_s = run(None)
+    with attn_implementation(model, hf.ATTN_NAME):
+        mine, locks_s = run(hf.LocksCache(model.config, budget=budget, **locks_kwargs))
+    same = full == mine
+    first = [int((~row).nonzero()[0]) if (~row).any() else -1 for row in same]
+    dec = lambda t: [tokenizer.decode(r, skip_special_tokens=True) for r in t]  # noqa: E731
+    return SideBySide(dec(full), dec(mine), float(same.float().mean()), first, full_s, locks_s,
+                      max_new_tokens)

@@ -1,0 +1,341 @@
+"""Hugging Face transformers drop-in: `locks.hf.enable(model, budget=2048)` makes
+`model.generate` decode with LOCKS.
+
+- `LocksCache` (a transformers `Cache`) keeps each layer's K/V in the paged layout of
+  include/locks/kv_cache.h ([num_blocks, page_size, num_kv_heads, head_dim], a block table
+  and lengths per sequence) and the fp32 page summaries beside it, built in bulk after the
+  prefill and for each page as it fills during decode. There is no second full copy of the
+  cache: the paged tensors are the cache.
+- The attention function registered as attn_implementation="locks" runs the prefill densely
+  (transformers' SDPA path) and every decode step with LOCKS: select pages from the
+  summaries under the token budget, exact attention over the selected pages (torch ops of
+  locks.ops over the C++ core).
+- Left-padded batches (generate's batching) are stored without their padding: each
+  sequence's pages hold only its real tokens.
+
+Supported: decoder-only models whose attention modules call `cache.update(...)` and then the
+configured attention function with (module, query, key, value, attention_mask, scaling=...),
+with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, SmolLM2,
+...), head_dim in {32, 64, 96, 128, 256}. transformers >= 5.0, < 6 (tested: see docs/python.md).
+Refused with a clear error: sliding-window or non-attention (linear / SSM) layers, encoder-
+decoder models, budgets below (sink + recent + 1) pages. Attention calls without a LocksCache
+(a plain forward, a DynamicCache passed explicitly) fall back to dense SDPA with a warning.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import ops
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+except ImportError as e:  # pragma: no cover - exercised only without transformers
+    raise ImportError(f"locks.hf needs transformers >= 5.0, < 6 ({e})") from e
+
+ATTN_NAME = "locks"
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+
+
+@dataclass(frozen=True)
+class LocksConfig:
+    """budget: tokens attended per decode step (None: dense decode over the paged cache).
+    sink_pages / recent_pages: first / last full pages always kept, inside the budget."""
+
+    budget: int | None = 2048
+    page_size: int = 16
+    rank: int = 8
+    sink_pages: int = 0
+    recent_pages: int = 0
+    reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
+
+    def validate(self) -> None:
+        if not 2 <= self.page_size <= 256:
+            raise ValueError(f"locks: page_size must be in [2, 256], got {self.page_size}")
+        if not 1 <= self.rank < self.page_size:
+            raise ValueError(f"locks: rank must be in [1, page_size), got {self.rank}")
+        if self.budget is not None:
+            need = (self.sink_pages + self.recent_pages + 1) * self.page_size
+            if self.budget < need:
+                raise ValueError(
+                    f"locks: budget {self.budget} is too small: it must hold sink_pages "
+                    f"({self.sink_pages}) + recent_pages ({self.recent_pages}) + the tail page, "
+                    f"i.e. at least {need} tokens with page_size {self.page_size}")
+
+
+# The attention function needs the cache that update() was just called on; transformers calls
+# cache.update(...) and then the attention function for the same layer, in order, so the cache
+# records itself here (eager decoding, one generate at a time per thread).
+_ACTIVE: dict = {}
+
+
+class LocksLayer(CacheLayerMixin):
+    """One attention layer's paged K/V and page summaries."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cfg: LocksConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.seen = 0  # positions processed, padding included (what transformers counts)
+        self.pending = None  # prefill K/V, stored once the attention function knows the padding
+        self.k_pages = self.v_pages = None
+        self.summaries = None
+        self.block_table = self.seq_lens = None
+        self.lens: list[int] = []
+        self.max_blocks = 0
+        self.last_counts = None  # pages selected per (sequence, KV head) at the last decode step
+
+    # -- transformers' layer API ---------------------------------------------------------
+    def lazy_initialization(self, key_states, value_states):
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q_len = key_states.shape[2]
+        if self.k_pages is None:
+            if self.pending is not None:
+                raise RuntimeError(
+                    "locks: the prefill K/V were never stored: the model must run with "
+                    "attn_implementation='locks' (use locks.hf.enable(model, ...))")
+            self.pending = (key_states, value_states)
+            self.seen += q_len
+            return key_states, value_states
+        if q_len != 1:
+            raise NotImplementedError(
+                "locks: after the prefill LocksCache takes one token per sequence and step "
+                f"(got {q_len}); chunked prefill and assisted decoding are not supported")
+        self._append(key_states[:, :, 0], value_states[:, :, 0])
+        self.seen += 1
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        if isinstance(query_length, torch.Tensor):  # transformers 5.0-5.x passed cache_position
+            query_length = query_length.shape[0]
+        return self.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    get_max_cache_shape = get_max_length  # name in transformers 5.0
+
+    def reset(self) -> None:
+        self.__init__(self.cfg)
+
+    def reorder_cache(self, beam_idx):
+        raise NotImplementedError("locks: beam search is not supported by LocksCache")
+
+    # -- paged storage -------------------------------------------------------------------
+    def _allocate(self, batch: int, heads: int, head_dim: int, max_tokens: int) -> None:
+        P = self.cfg.page_size
+        self.max_blocks = max(1, -(-max_tokens // P))
+        n = batch * self.max_blocks
+        dev = self.device
+        self.k_pages = torch.zeros(n, P, heads, head_dim, dtype=self.dtype, device=dev)
+        self.v_pages = torch.zeros_like(self.k_pages)
+        self.summaries = ops.new_summaries(n, heads, head_dim, P, self.cfg.rank, dev)
+        # sequence b owns blocks [b * max_blocks, (b + 1) * max_blocks)
+        self.block_table = torch.arange(n, dtype=torch.int32, device=dev).view(batch, self.max_blocks)
+
+    def _grow(self, max_tokens: int) -> None:
+        """Re-allocate with room for max_tokens per sequence, keeping contents (eager only)."""
+        B, old = len(self.lens), self.max_blocks
+        k, v, s = self.k_pages, self.v_pages, self.summaries
+        self._allocate(B, k.shape[2], k.shape[3], max(max_tokens, 2 * old * self.cfg.page_size))
+        for new_t, old_t in [(self.k_pages, k), (self.v_pages, v), *zip(self.summaries, s)]:
+            new_t.view(B, self.max_blocks, *new_t.shape[1:])[:, :old] = old_t.view(B, old, *old_t.shape[1:])
+
+    def commit_prefill(self, first_valid: list[int]) -> None:
+        """Store the prefill's K/V (row b's real tokens start at first_valid[b]) and build the
+        summaries of every full page."""
+        key, value = self.pending
+        self.pending = None
+        B, H, S, d = key.shape
+        if d not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"locks: head_dim {d} is not supported (one of {SUPPORTED_HEAD_DIMS})")
+        self.lens = [S - f for f in first_valid]
+        self._allocate(B, H, d, max(self.lens) + self.cfg.reserve_tokens)
+        P = self.cfg.page_size
+        kt = self.k_pages.view(B, -1, H, d)
+        vt = self.v_pages.view(B, -1, H, d)
+        full = []
+        for b, f in enumerate(first_valid):
+            n = S - f
+            kt[b, :n] = key[b, :, f:].transpose(0, 1)
+            vt[b, :n] = value[b, :, f:].transpose(0, 1)
+            full += [b * self.max_blocks + j for j in range(n // P)]
+        self.seq_lens = torch.tensor(self.lens, dtype=torch.int32, device=self.device)
+        if full:
+            ops.summary_build(self.k_pages, torch.tensor(full, dtype=torch.int32, device=self.device),
+                              self.summaries)
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One new token per sequence (k, v: [B, H, d]); summarise pages that fill."""
+        if max(self.lens) + 1 > self.max_blocks * self.cfg.page_size:
+            self._grow(max(self.lens) + 1 + self.cfg.reserve_tokens)
+        B, H, d = k.shape
+        rows = torch.arange(B, device=self.device)
+        pos = self.seq_lens.long()  # device-side positions: no host sync
+        self.k_pages.view(B, -1, H, d)[rows, pos] = k.to(self.dtype)
+        self.v_pages.view(B, -1, H, d)[rows, pos] = v.to(self.dtype)
+        self.seq_lens += 1
+        self.lens = [n + 1 for n in self.lens]
+        ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summaries)
+
+    # -- decode attention ----------------------------------------------------------------
+    def decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """query [B, Hq, 1, d] -> attention output [B, 1, Hq, d] in query's dtype."""
+        q = query[:, :, 0].float().contiguous()
+        budget = self.cfg.budget
+        if budget is None:
+            out, _ = ops.dense_decode(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens, scaling)
+        else:
+            pages, counts = ops.select_pages(q, self.summaries, self.block_table, self.seq_lens, budget,
+                                             self.cfg.sink_pages, self.cfg.recent_pages, scaling)
+            self.last_counts = counts
+            out, _ = ops.sparse_decode(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
+                                       pages, counts, scaling)
+        return out.to(query.dtype).unsqueeze(1)
+
+
+class LocksCache(Cache):
+    """A transformers Cache whose layers are LocksLayer (paged K/V + summaries)."""
+
+    def __init__(self, config, locks_config: LocksConfig | None = None, **kwargs):
+        cfg = locks_config or LocksConfig(**kwargs)
+        cfg.validate()
+        check_model_config(config)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        super().__init__(layers=[LocksLayer(cfg) for _ in range(text.num_hidden_layers)])
+        self.locks_config = cfg
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        _ACTIVE["cache"], _ACTIVE["layer"] = self, layer_idx
+        return self.layers[layer_idx].update(key_states, value_states)
+
+
+def check_model_config(config) -> None:
+    """Raise a clear error for models LOCKS cannot serve."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError("locks: encoder-decoder models are not supported (decoder-only only)")
+    layer_types = getattr(text, "layer_types", None) or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ValueError(
+            f"locks: model_type {text.model_type!r} has layers of type {other}; LOCKS serves only "
+            "full-attention layers (sliding-window / linear-attention layers are not supported)")
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        raise ValueError(f"locks: model_type {text.model_type!r} uses sliding-window attention "
+                         f"(sliding_window={text.sliding_window}); not supported")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"locks: head_dim {head_dim} is not supported (one of {SUPPORTED_HEAD_DIMS})")
+    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    if text.num_attention_heads % kv:
+        raise ValueError("locks: num_attention_heads must be a multiple of num_key_value_heads")
+
+
+def _first_valid(attention_mask, batch: int, q_len: int) -> list[int]:
+    """Index of each row's first real token, from the prefill's 4-D mask (left padding)."""
+    if attention_mask is None:
+        return [0] * batch
+    last = attention_mask[:, 0, -1, :q_len]  # what the last query attends to
+    valid = last if last.dtype == torch.bool else last == 0
+    firsts = []
+    for b in range(batch):
+        n = int(valid[b].sum())
+        if n == 0 or not bool(valid[b, q_len - n:].all()):
+            raise ValueError("locks: the prefill mask is not a left-padded causal mask; use "
+                             "tokenizer.padding_side='left' for batched generation")
+        firsts.append(q_len - n)
+    return firsts
+
+
+_warned_fallback = False
+
+
+def locks_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The attention function registered as attn_implementation='locks'."""
+    global _warned_fallback
+    cache, layer_idx = _ACTIVE.get("cache"), _ACTIVE.get("layer")
+    _ACTIVE.clear()
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if cache is None or layer_idx != getattr(module, "layer_idx", None):
+        if not _warned_fallback:
+            warnings.warn("locks: attention called without a LocksCache (no cache, or another Cache "
+                          "type): running dense SDPA for this call and any like it", stacklevel=2)
+            _warned_fallback = True
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    layer = cache.layers[layer_idx]
+    if layer.pending is not None:  # prefill: dense, then store the real tokens in pages
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                     scaling=scaling, **kwargs)
+        layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]))
+        return out
+    return layer.decode(query, scaling), None
+
+
+def register() -> None:
+    """Register attn_implementation='locks' (attention + its mask, the SDPA one) with transformers."""
+    ALL_ATTENTION_FUNCTIONS.register(ATTN_NAME, locks_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
+
+
+def cache_kwarg(model) -> str:
+    """Name of the cache argument of model.forward / generate: `cache` from transformers 5.2x on,
+    `past_key_values` before (still accepted, deprecated, by later versions)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def enable(model, budget: int | None = 2048, **kwargs):
+    """Make `model.generate` decode with LOCKS: sets attn_implementation='locks' and gives every
+    generate call a fresh LocksCache unless one is passed as past_key_values. Returns model."""
+    cfg = LocksConfig(budget=budget, **kwargs)
+    cfg.validate()
+    check_model_config(model.config)
+    register()
+    if not hasattr(model, "_locks_dense_impl"):
+        model._locks_dense_impl = model.config._attn_implementation
+        model._locks_generate = model.generate
+    model.set_attn_implementation(ATTN_NAME)
+    model.locks_config = cfg
+    original = model._locks_generate
+
+    kw = cache_kwarg(model)
+
+    @functools.wraps(original)
+    def generate(*args, **gen_kwargs):
+        if gen_kwargs.get("past_key_values") is None and gen_kwargs.get("cache") is None:
+            gen_kwargs[kw] = LocksCache(model.config, model.locks_config)
+        if gen_kwargs.get("num_beams", 1) != 1:
+            raise ValueError("locks: beam search is not supported")
+        return original(*args, **gen_kwargs)
+
+    model.generate = generate
+    return model
+
+
+def disable(model):
+    """Undo enable(): the model's previous attention implementation and plain generate."""
+    if hasattr(model, "_locks_dense_impl"):
+        model.set_attn_implementation(model._locks_dense_impl)
+        model.generate = model._locks_generate
+        del model._locks_dense_impl, model._locks_generate, model.locks_config
+    return model
