@@ -80,8 +80,9 @@ void run_dataset(const char* title, locks::SynthKind kind) {
 
 int run_demo(const std::vector<std::string>& args) {
   if (!args.empty()) {
-    std::cout << kUsage;
-    return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
+    const bool help = args[0] == "--help" || args[0] == "-h";
+    (help ? std::cout : std::cerr) << (help ? "" : "locks demo: takes no arguments\n") << kUsage;
+    return help ? 0 : 2;
   }
   std::printf(
       "locks demo: %lld tokens, head_dim %d, page %d, rank %d, budget %d tokens (%lld of %lld "
