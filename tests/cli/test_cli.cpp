@@ -328,3 +328,21 @@ TEST_F(Cli, SelectReadsNumpyFiles) {
   for (const auto& q : j["q_heads_output"])
     EXPECT_NEAR(q["cosine_to_full"].get<double>(), 1.0, 1e-9);
 }
+
+// And the other way: numpy reads what npy_save / npy_save_i32 write (shape, dtype, values).
+TEST_F(Cli, NumpyReadsOurFiles) {
+  if (std::system("python3 -c 'import numpy' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with numpy not available";
+  const std::vector<float> f = {1.5f, -2.25f, 0.0f, 3e-30f, 7.0f, -1e30f};
+  const std::vector<int32_t> i = {-7, 0, 1 << 30};
+  locks::npy_save(path("f.npy"), f.data(), {2, 1, 3});
+  locks::npy_save_i32(path("i.npy"), i.data(), {3});
+  std::ofstream(path("check.py"))
+      << "import numpy as np, sys\n"
+         "d = sys.argv[1]\n"
+         "f = np.load(d + '/f.npy'); i = np.load(d + '/i.npy')\n"
+         "assert f.dtype == np.float32 and f.shape == (2, 1, 3), (f.dtype, f.shape)\n"
+         "assert (f.ravel() == np.array([1.5, -2.25, 0, 3e-30, 7, -1e30], np.float32)).all()\n"
+         "assert i.dtype == np.int32 and i.shape == (3,) and list(i) == [-7, 0, 1 << 30]\n";
+  EXPECT_EQ(std::system(("python3 '" + path("check.py") + "' '" + dir_.string() + "'").c_str()), 0);
+}
