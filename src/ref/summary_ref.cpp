@@ -3,7 +3,9 @@
 // solver cannot hide. Basis row k = D^T u_k / sigma_k, re-orthonormalised (Gram-Schmidt)
 // because eigenvectors of small eigenvalues lose accuracy in the Gram formulation.
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "checks.h"
 #include "locks/error.h"
@@ -20,43 +22,66 @@ PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int he
   LOCKS_REQUIRE(rank >= 1 && rank < P && rank <= d, "rank must be in [1, page_size - 1], got ",
                 rank);
 
-  Eigen::MatrixXd K(P, d);
+  // Plain loops for the products (no Eigen GEMM, which would go multi-threaded under
+  // OpenMP); Eigen only for the symmetric eigen-solver.
+  std::vector<double> D(size_t(P) * d), mu(size_t(d), 0.0);
   for (int i = 0; i < P; ++i) {
     const int64_t off = l.offset(block, i, head);
     for (int c = 0; c < d; ++c) {
-      K(i, c) = load_as_float(cache.k, l.dtype, off + c);
-      LOCKS_REQUIRE(std::isfinite(K(i, c)), "key has NaN or Inf");
+      const double x = load_as_float(cache.k, l.dtype, off + c);
+      LOCKS_REQUIRE(std::isfinite(x), "key has NaN or Inf");
+      D[size_t(i) * d + c] = x;
+      mu[size_t(c)] += x;
     }
   }
-  const Eigen::RowVectorXd mu = K.colwise().mean();
-  const Eigen::MatrixXd D = K.rowwise() - mu;
-  const Eigen::MatrixXd G = D * D.transpose();
+  for (int c = 0; c < d; ++c) mu[size_t(c)] /= P;
+  for (int i = 0; i < P; ++i)
+    for (int c = 0; c < d; ++c) D[size_t(i) * d + c] -= mu[size_t(c)];
+  Eigen::MatrixXd G(P, P);  // centred Gram matrix D D^T
+  for (int i = 0; i < P; ++i)
+    for (int j = 0; j <= i; ++j) {
+      double g = 0;
+      for (int c = 0; c < d; ++c) g += D[size_t(i) * d + c] * D[size_t(j) * d + c];
+      G(i, j) = G(j, i) = g;
+    }
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(G);
   LOCKS_REQUIRE(es.info() == Eigen::Success, "eigen-decomposition failed");
   const Eigen::VectorXd& lam = es.eigenvalues();  // ascending
   const double lam_max = std::max(lam(P - 1), 0.0);
 
   PageSummary64 out;
-  out.mu.assign(mu.data(), mu.data() + d);
-  out.sigma.resize(P);
-  for (int k = 0; k < P; ++k) out.sigma[k] = std::sqrt(std::max(lam(P - 1 - k), 0.0));
+  out.mu = mu;
+  out.sigma.resize(size_t(P));
+  for (int k = 0; k < P; ++k) out.sigma[size_t(k)] = std::sqrt(std::max(lam(P - 1 - k), 0.0));
 
-  Eigen::MatrixXd V = Eigen::MatrixXd::Zero(rank, d);
+  out.basis.assign(size_t(rank) * d, 0.0);
   for (int k = 0; k < rank; ++k) {
     const double lk = lam(P - 1 - k);
     if (!(lk > 1e-12 * lam_max)) continue;  // sigma_k <= 1e-6 sigma_0: undetermined direction
-    Eigen::RowVectorXd v = (D.transpose() * es.eigenvectors().col(P - 1 - k)).transpose();
-    for (int m = 0; m < k; ++m) v -= v.dot(V.row(m)) * V.row(m);  // modified Gram-Schmidt
-    const double n = v.norm();
-    if (n > 0) V.row(k) = v / n;
+    std::vector<double> v(size_t(d), 0.0);  // D^T u_k
+    for (int i = 0; i < P; ++i) {
+      const double u = es.eigenvectors()(i, P - 1 - k);
+      for (int c = 0; c < d; ++c) v[size_t(c)] += D[size_t(i) * d + c] * u;
+    }
+    for (int m = 0; m < k; ++m) {  // modified Gram-Schmidt against the rows above
+      const double* row = out.basis.data() + size_t(m) * d;
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += v[size_t(c)] * row[c];
+      for (int c = 0; c < d; ++c) v[size_t(c)] -= dot * row[c];
+    }
+    double n = 0;
+    for (double x : v) n += x * x;
+    n = std::sqrt(n);
+    if (n > 0)
+      for (int c = 0; c < d; ++c) out.basis[size_t(k) * d + c] = v[size_t(c)] / n;
   }
-  const Eigen::MatrixXd C = D * V.transpose();  // [P, r]: coeff[i][k] = basis_k . (k_i - mu)
-  out.basis.resize(size_t(rank) * d);
-  out.coeff.resize(size_t(P) * rank);
-  for (int k = 0; k < rank; ++k)
-    for (int c = 0; c < d; ++c) out.basis[size_t(k) * d + c] = V(k, c);
+  out.coeff.assign(size_t(P) * rank, 0.0);  // coeff[i][k] = basis_k . (k_i - mu)
   for (int i = 0; i < P; ++i)
-    for (int k = 0; k < rank; ++k) out.coeff[size_t(i) * rank + k] = C(i, k);
+    for (int k = 0; k < rank; ++k) {
+      double x = 0;
+      for (int c = 0; c < d; ++c) x += out.basis[size_t(k) * d + c] * D[size_t(i) * d + c];
+      out.coeff[size_t(i) * rank + k] = x;
+    }
   return out;
 }
 

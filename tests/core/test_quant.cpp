@@ -43,15 +43,16 @@ Dequant dequant(const SummaryView& q, int64_t bh) {
 // The bound above, for one (page, head) and one query.
 double quant_score_bound(const Dequant& z, const float* q, int d, int P, int r, float scale) {
   const double q1 = norm1(q, d);
+  std::vector<double> w(size_t(r), 0.0);  // w'_k = V'_k . q
+  for (int k = 0; k < r; ++k)
+    for (int c = 0; c < d; ++c) w[size_t(k)] += double(z.basis[size_t(k) * d + c]) * q[c];
   double worst = 0;
   for (int i = 0; i < P; ++i) {
     double s = 0;
     for (int k = 0; k < r; ++k) {
-      double w = 0;
-      for (int c = 0; c < d; ++c) w += double(z.basis[size_t(k) * d + c]) * q[c];
       const double ck = std::fabs(z.coeff[size_t(i) * r + k]);
       s += q1 * (z.s_v[size_t(k)] / 2) * (ck + z.s_c[size_t(k)] / 2) +
-           std::fabs(w) * z.s_c[size_t(k)] / 2;
+           std::fabs(w[size_t(k)]) * z.s_c[size_t(k)] / 2;
     }
     worst = std::max(worst, s);
   }

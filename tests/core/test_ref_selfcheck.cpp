@@ -95,8 +95,8 @@ TEST(RefSelfCheck, SummaryMatchesAnIndependentSvd) {
     for (int k = 0; k < r; ++k)
       for (int c = 0; c < d; ++c) Vr(k, c) = s.basis[size_t(k) * d + c];
     const Eigen::MatrixXd Vs = svd.matrixV().leftCols(r);
-    EXPECT_LT((Vr.transpose() * Vr - Vs * Vs.transpose()).norm(), 1e-8);
-    EXPECT_LT((Vr * Vr.transpose() - Eigen::MatrixXd::Identity(r, r)).norm(), 1e-10);
+    EXPECT_LT((Vr.transpose().lazyProduct(Vr) - Vs.lazyProduct(Vs.transpose())).norm(), 1e-8);
+    EXPECT_LT((Vr.lazyProduct(Vr.transpose()) - Eigen::MatrixXd::Identity(r, r)).norm(), 1e-10);
     // Residual = sum of the discarded squared singular values.
     double resid = 0, discarded = 0;
     for (int i = 0; i < P; ++i)
