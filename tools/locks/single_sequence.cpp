@@ -71,7 +71,7 @@ std::unique_ptr<SummaryStore> SingleSequence::build_summaries(int rank, Precisio
   return store;
 }
 
-StepResult SingleSequence::step(const SummaryStore& summaries, const float* q, int num_q_heads,
+StepResult SingleSequence::step(SummaryStore& summaries, const float* q, int num_q_heads,
                                 const SelectConfig& select) const {
   const CacheLayout& L = cache_.layout();
   const int d = L.head_dim, H = L.num_kv_heads, P = L.page_size;
@@ -86,9 +86,7 @@ StepResult SingleSequence::step(const SummaryStore& summaries, const float* q, i
   r.head_dim = d;
   r.out_locks.resize(size_t(num_q_heads) * d);
   r.out_full.resize(r.out_locks.size());
-  // SummaryStore::view() is non-const only because the view's pointers are mutable.
-  SummaryStore& store = const_cast<SummaryStore&>(summaries);
-  decoder.run(cache_.view(), store.view(), batch_.view, qv, {r.out_locks.data(), nullptr});
+  decoder.run(cache_.view(), summaries.view(), batch_.view, qv, {r.out_locks.data(), nullptr});
   cpu::decode_attention_dense(cache_.view(), batch_.view, qv, scale, {r.out_full.data(), nullptr});
 
   const Selection sel = decoder.selection();
@@ -117,7 +115,7 @@ StepBytes SingleSequence::bytes(const SummaryLayout& s, const StepResult& r) con
   return b;
 }
 
-SingleSequence::Timing SingleSequence::time_steps(const SummaryStore& summaries, const float* q,
+SingleSequence::Timing SingleSequence::time_steps(SummaryStore& summaries, const float* q,
                                                   int num_q_heads, const SelectConfig& select,
                                                   int reps) const {
   const CacheLayout& L = cache_.layout();
@@ -126,8 +124,7 @@ SingleSequence::Timing SingleSequence::time_steps(const SummaryStore& summaries,
   cpu::Decoder decoder(L, num_q_heads, 1, batch_.view.max_blocks_per_seq, cfg);
   const QueryView qv{q, num_q_heads};
   std::vector<float> out(size_t(num_q_heads) * L.head_dim);
-  SummaryStore& store = const_cast<SummaryStore&>(summaries);
-  const SummaryView sv = store.view();
+  const SummaryView sv = summaries.view();
   const float scale = 1.0f / std::sqrt(float(L.head_dim));
   Timing t;
   t.locks_ms = best_ms(reps, [&] {

@@ -39,7 +39,7 @@ class SingleSequence {
                                                 const char* label) const;
 
   // One LOCKS step (cpu::Decoder) and one dense step for q [num_q_heads, head_dim].
-  StepResult step(const SummaryStore& summaries, const float* q, int num_q_heads,
+  StepResult step(SummaryStore& summaries, const float* q, int num_q_heads,
                   const SelectConfig& select) const;
   StepBytes bytes(const SummaryLayout& summaries, const StepResult& r) const;
 
@@ -47,7 +47,7 @@ class SingleSequence {
   struct Timing {
     double locks_ms = 0, dense_ms = 0;
   };
-  Timing time_steps(const SummaryStore& summaries, const float* q, int num_q_heads,
+  Timing time_steps(SummaryStore& summaries, const float* q, int num_q_heads,
                     const SelectConfig& select, int reps) const;
 
   int64_t tokens() const { return tokens_; }
