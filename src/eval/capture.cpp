@@ -123,6 +123,15 @@ CaptureMeta read_capture_meta(const std::string& dir) {
   return m;
 }
 
+void check_capture_files(const std::string& dir, const CaptureMeta& m) {
+  for (int layer : m.layers)
+    for (const char* what : {"k", "v", "q"}) {
+      const std::string path = layer_file(dir, layer, what);
+      LOCKS_REQUIRE(fs::exists(path), "capture file missing: ", path, " (layer ", layer,
+                    " is listed in meta.json)");
+    }
+}
+
 LayerCapture load_capture_layer(const std::string& dir, const CaptureMeta& m, int layer) {
   validate_capture_meta(m);
   bool listed = false;

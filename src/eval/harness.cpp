@@ -192,6 +192,7 @@ EvalResult run_eval(const std::string& capture_dir, const EvalConfig& cfg_in) {
   }
   result.meta = read_capture_meta(capture_dir);
   const CaptureMeta& m = result.meta;
+  check_capture_files(capture_dir, m);
   if (m.positional_encoding != "none" && m.keys == "pre_rope")
     result.notes.push_back(
         "keys are pre-RoPE while the model uses " + m.positional_encoding +

@@ -222,12 +222,49 @@ bool write_plots(const std::string& dir, const EvalResult& r, const std::string&
   data("plot_recall_mean.dat", [](const Aggregate& a) { return a.recall_mean; });
   data("plot_recall_p5.dat", [](const Aggregate& a) { return a.recall_p5; });
   data("plot_err_mean.dat", [](const Aggregate& a) { return a.err_mean; });
+  // Shortfall of each selector's mean recall against the oracle's (FullKV and the oracle
+  // itself left out): on a log axis, so that gaps of 0.001 and 0.9 both show.
   const bool has_oracle = std::find(methods.begin(), methods.end(), "oracle") != methods.end();
-  if (has_oracle)
-    data("plot_recall_gap.dat", [&](const Aggregate& a) {
-      const Aggregate* o = find(r, "oracle", a.budget);
-      return o ? o->recall_mean - a.recall_mean : 0.0;
-    });
+  std::vector<std::string> gap_methods;
+  for (const auto& m : methods)
+    if (m != "full" && m != "oracle") gap_methods.push_back(m);
+  if (has_oracle && !gap_methods.empty()) {
+    std::ostringstream os;
+    os << "budget";
+    for (const auto& m : gap_methods) os << " " << m;
+    os << "\n" << std::setprecision(8);
+    for (int b : r.cfg.budgets) {
+      os << b;
+      const Aggregate* o = find(r, "oracle", b);
+      for (const auto& m : gap_methods) {
+        const Aggregate* a = find(r, m, b);
+        os << " ";
+        if (a && o)
+          os << o->recall_mean - a->recall_mean;
+        else
+          os << "nan";
+      }
+      os << "\n";
+    }
+    write_file((fs::path(dir) / "plot_recall_gap.dat").string(), os.str());
+  }
+
+  // Recall against bytes read per step: one data block per method (x differs by method).
+  std::vector<std::string> byte_methods;
+  {
+    std::ostringstream os;
+    os << std::setprecision(8);
+    for (const auto& m : methods) {
+      if (m == "full") continue;
+      byte_methods.push_back(m);
+      os << "# " << m << "\n";
+      for (int b : r.cfg.budgets)
+        if (const Aggregate* a = find(r, m, b))
+          os << 100.0 * a->bytes_vs_full << " " << a->recall_mean << "\n";
+      os << "\n\n";
+    }
+    write_file((fs::path(dir) / "plot_recall_bytes.dat").string(), os.str());
+  }
 
   const int ncol = static_cast<int>(methods.size()) + 1;
   std::ostringstream gp;
@@ -253,17 +290,40 @@ bool write_plots(const std::string& dir, const EvalResult& r, const std::string&
   // The error plot leaves out FullKV (zero error: nothing to draw on a log axis).
   gp << "set output 'error_vs_budget.png'\nset title '" << title
      << ": output relative L2 error vs FullKV (mean)'\nset ylabel 'relative L2 error'\n"
-     << "set autoscale y\nset logscale y\n"
+     << "set autoscale y\nset logscale y\nset format y '%g'\n"
      << "plot for [i=2:" << ncol
      << "] 'plot_err_mean.dat' using 1:(column(i) > 0 ? column(i) : NaN) with linespoints "
         "ls (i-1) title columnheader(i)\n";
-  if (has_oracle)
+  if (has_oracle && !gap_methods.empty()) {
+    // Line styles follow the method's position in `methods`, as in the other plots.
+    std::ostringstream styles;
+    for (const auto& m : gap_methods)
+      styles << (styles.tellp() > 0 ? " " : "")
+             << (std::find(methods.begin(), methods.end(), m) - methods.begin() + 1);
     gp << "set output 'recall_gap_vs_budget.png'\nset title '" << title
-       << ": recall shortfall vs the oracle (mean; 0 = as good as exact page mass)'\n"
-       << "set ylabel 'oracle recall - method recall'\nunset logscale y\nset autoscale y\n"
-       << "plot for [i=2:" << ncol
-       << "] 'plot_recall_gap.dat' using 1:i with linespoints ls (i-1) title "
-          "columnheader(i)\n";
+       << ": recall shortfall vs the oracle (mean; points at 0 not drawn)'\n"
+       << "set ylabel 'oracle recall - method recall'\nset logscale y\nset autoscale y\n"
+       << "set format y '%g'\n"
+       << "styles = '" << styles.str() << "'\n"
+       << "plot for [i=2:" << gap_methods.size() + 1
+       << "] 'plot_recall_gap.dat' using 1:(column(i) > 0 ? column(i) : NaN) with linespoints "
+          "ls int(word(styles, i-1)) title columnheader(i)\n";
+  }
+  if (!byte_methods.empty()) {
+    gp << "set output 'recall_vs_bytes.png'\nset title '" << title
+       << ": recall (mean) vs bytes read per step (budgets " << r.cfg.budgets.front() << " to "
+       << r.cfg.budgets.back() << ")'\n"
+       << "set xlabel 'bytes read per step, % of dense K+V (scoring metadata or keys + "
+          "attended K+V)'\nset ylabel 'recall'\nunset logscale y\nset format y '%g'\n"
+       << "set autoscale y\nset logscale x 10\nset autoscale x\nset format x '%g'\n";
+    gp << "plot ";
+    for (size_t i = 0; i < byte_methods.size(); ++i) {
+      const auto pos = std::find(methods.begin(), methods.end(), byte_methods[i]) - methods.begin();
+      gp << (i ? ", " : "") << "'plot_recall_bytes.dat' index " << i
+         << " using 1:2 with linespoints ls " << pos + 1 << " title '" << byte_methods[i] << "'";
+    }
+    gp << "\n";
+  }
   write_file((fs::path(dir) / "plots.gp").string(), gp.str());
   const std::string cmd = "cd '" + dir + "' && gnuplot plots.gp > gnuplot.log 2>&1";
   if (std::system(cmd.c_str()) != 0) {

@@ -105,6 +105,17 @@ TEST_F(CaptureTest, MissingLayerFile) {
   expect_error("layer3_v.npy");
 }
 
+TEST_F(CaptureTest, MissingFileIsReportedBeforeAnyWork) {
+  fs::remove(file("layer3_q.npy"));
+  CaptureMeta m = read_capture_meta(dir());
+  EXPECT_THROW(check_capture_files(dir(), m), Error);
+  EvalConfig cfg;
+  int progress_lines = 0;
+  cfg.progress = [&](const std::string&) { ++progress_lines; };
+  EXPECT_THROW(run_eval(dir(), cfg), Error);
+  EXPECT_EQ(progress_lines, 0);  // failed before loading layer 0
+}
+
 TEST_F(CaptureTest, LayerNotListed) {
   CaptureMeta m = read_capture_meta(dir());
   EXPECT_THROW(load_capture_layer(dir(), m, 1), Error);

@@ -63,8 +63,9 @@ TEST(Report, WritesEveryRow) {
   const bool ok = write_plots(dir.string(), r, r.meta.model, &why);
   EXPECT_EQ(ok, have_gnuplot) << why;
   if (have_gnuplot)
-    for (const char* png : {"recall_vs_budget.png", "recall_p5_vs_budget.png",
-                            "error_vs_budget.png", "recall_gap_vs_budget.png"})
+    for (const char* png :
+         {"recall_vs_budget.png", "recall_p5_vs_budget.png", "error_vs_budget.png",
+          "recall_gap_vs_budget.png", "recall_vs_bytes.png"})
       EXPECT_GT(fs::exists(dir / png) ? fs::file_size(dir / png) : 0, 1000u) << png;
   fs::remove_all(dir);
 }

@@ -63,7 +63,7 @@ constexpr const char* kUsage =
     "                  [--no-plots] [--per-query]\n"
     "Writes OUT/table.md, results.csv, results.json (and per_query.csv with --per-query),\n"
     "recall_vs_budget.png, recall_p5_vs_budget.png, error_vs_budget.png,\n"
-    "recall_gap_vs_budget.png; prints the table.\n";
+    "recall_gap_vs_budget.png, recall_vs_bytes.png; prints the table.\n";
 
 int run_eval_cmd(const std::vector<std::string>& args) {
   namespace fs = std::filesystem;

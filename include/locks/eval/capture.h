@@ -43,6 +43,9 @@ struct LayerCapture {
 void validate_capture_meta(const CaptureMeta& meta);
 // Parses and validates dir/meta.json.
 CaptureMeta read_capture_meta(const std::string& dir);
+// Checks that every listed layer's k, v and q files exist (cheap; run before a long
+// evaluation so that a missing file is reported at once, not after the first layers).
+void check_capture_files(const std::string& dir, const CaptureMeta& meta);
 // Loads one layer (must be listed in meta.layers), checking every shape, the dtype and that
 // all values are finite.
 LayerCapture load_capture_layer(const std::string& dir, const CaptureMeta& meta, int layer);
