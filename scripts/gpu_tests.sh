@@ -50,6 +50,14 @@ for p in "${phases[@]}"; do
       timeout 420 "$BENCH" "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" ;;
     bench-quick)
       timeout 240 "$BENCH" "$OUT/bench.csv" --quick 2>&1 | tee "$OUT/bench.log" ;;
+    profile)
+      # Nsight Compute on the first kernels of a quick bench run (clocks left alone).
+      timeout 300 ncu --clock-control none --graph-profiling node \
+        -k regex:'score_mma|attn_kernel|summary_kernel|select_stage|merge_kernel' -c 12 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+        "$BENCH" /dev/null --quick >"$OUT/profile.log" 2>&1
+      echo "profile rc=$?"
+      grep -E "^  [a-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150 ;;
     *) echo "unknown phase $p"; status=2 ;;
   esac
 done

@@ -63,6 +63,21 @@ struct Mma<__half> {
   }
 };
 
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Per warp: two pipeline stages of one page each; thread `lane` owns slots [i][lane] and
+// reads back only what it copied itself, so no warp barrier is needed between the two.
+constexpr int kSlots = 16;  // 16-byte slots per thread per page (d 128: 8 K + 8 V)
+constexpr int kAttnSmem = kWarps * 2 * kSlots * 32 * 16;
+
 struct AttnArgs {
   const void* k;
   const void* v;
@@ -89,8 +104,8 @@ template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   using M = Mma<T>;
   constexpr int KS = D / 16;
-  constexpr int NV = D / 8;  // n-tiles of the output
-  __shared__ float so[kWarps][16][D + 1];
+  constexpr int NV = D / 8;        // n-tiles of the output
+  extern __shared__ uint4 abuf[];  // pipeline stages; reused for the warps' outputs at the end
   __shared__ float sml[kWarps][16][2];
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = a.Hq / a.H;
@@ -104,6 +119,44 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
 
+  float o[NV][4];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mrow[MT], lrow[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) mrow[mt] = kNegInf, lrow[mt] = 0.f;
+
+  const T* K = static_cast<const T*>(a.k);
+  const T* V = static_cast<const T*>(a.v);
+  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
+  uint4* wbuf = abuf + warp * 2 * kSlots * 32;
+  auto page_of = [&](int pos) { return a.sel_pages ? a.sel_pages[row * a.sel_cap + pos] : pos; };
+  // K: tokens gid and gid + 8, dims per kdim; V: tokens 2t, 2t+1, 2t+8, 2t+9, dims 8 gid.. .
+  auto issue = [&](int pos, int stg) {
+    if (pos < stop) {
+      const int64_t blk = bt[page_of(pos)];
+      uint4* dst = wbuf + stg * kSlots * 32 + lane;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint4* src =
+            reinterpret_cast<const uint4*>(K + ((blk * 16 + nt * 8 + gid) * a.H + h) * D) + tig;
+#pragma unroll
+        for (int i = 0; i < D / 32; ++i) cp_async16(dst + (nt * (D / 32) + i) * 32, src + 4 * i);
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int tok = 2 * tig + (x & 1) + 8 * (x >> 1);
+        const uint4* src =
+            reinterpret_cast<const uint4*>(V + ((blk * 16 + tok) * a.H + h) * D) + gid;
+#pragma unroll
+        for (int i = 0; i < D / 64; ++i)
+          cp_async16(dst + (2 * (D / 32) + x * (D / 64) + i) * 32, src + 8 * i);
+      }
+    }
+    cp_async_commit();
+  };
+  issue(start + warp, 0);
+  issue(start + warp + kWarps, 1);
   // Query fragments: rows gid = hi part, rows gid + 8 = lo part of head mt*8 + gid.
   uint32_t qa[MT][KS][4];
 #pragma unroll
@@ -128,35 +181,23 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
     }
   }
 
-  float o[NV][4];
-#pragma unroll
-  for (int n = 0; n < NV; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float mrow[MT], lrow[MT];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) mrow[mt] = kNegInf, lrow[mt] = 0.f;
-
-  const T* K = static_cast<const T*>(a.k);
-  const T* V = static_cast<const T*>(a.v);
-  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
-  for (int pos = start + warp; pos < stop; pos += kWarps) {
-    const int j = a.sel_pages ? a.sel_pages[row * a.sel_cap + pos] : pos;
+  int it = 0;
+  for (int pos = start + warp; pos < stop; pos += kWarps, ++it) {
+    const int j = page_of(pos);
     const int n_valid = (j == n_pages - 1) ? len - 16 * j : 16;
-    const int64_t blk = bt[j];
-    // K: tokens gid and gid + 8, dims per kdim; V: tokens 2t, 2t+1, 2t+8, 2t+9, dims 8 gid.. .
+    const int stg = it & 1;
+    cp_async_wait<1>();
     uint4 kr[2][D / 32], vr[4][D / 64];
+    {
+      const uint4* src = wbuf + stg * kSlots * 32 + lane;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint4* src =
-          reinterpret_cast<const uint4*>(K + ((blk * 16 + nt * 8 + gid) * a.H + h) * D) + tig;
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int i = 0; i < D / 32; ++i) kr[nt][i] = src[4 * i];
-    }
+        for (int i = 0; i < D / 32; ++i) kr[nt][i] = src[(nt * (D / 32) + i) * 32];
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      const int tok = 2 * tig + (x & 1) + 8 * (x >> 1);
-      const uint4* src = reinterpret_cast<const uint4*>(V + ((blk * 16 + tok) * a.H + h) * D) + gid;
+      for (int x = 0; x < 4; ++x)
 #pragma unroll
-      for (int i = 0; i < D / 64; ++i) vr[x][i] = src[8 * i];
+        for (int i = 0; i < D / 64; ++i) vr[x][i] = src[(2 * (D / 32) + x * (D / 64) + i) * 32];
     }
     // S = Q K^T (log2 units): per m-tile, per n-tile of 8 tokens.
     float sv[MT][2][4];
@@ -207,7 +248,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
       const uint32_t b1 = __byte_perm(v2[w], v3[w], sel);
       M::run(o[n], pa[0], pa[1], pa[2], pa[3], b0, b1);
     }
+    issue(pos + 2 * kWarps, stg);  // registers hold this stage's data: refill it
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the stages become the warps' output buffers
+  static_assert(sizeof(float) * kWarps * 16 * (D + 1) <= kAttnSmem, "output staging fits");
+  float(*so)[16][D + 1] = reinterpret_cast<float(*)[16][D + 1]>(abuf);
 
   // Merge the warps: row sums across the quad, then through shared memory.
 #pragma unroll
@@ -251,43 +297,87 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   }
 }
 
-__global__ void merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                             int n_splits, int pages_per_split, int H, int d,
-                             const int32_t* seq_lens, const int32_t* sel_counts, float* out,
-                             float* lse) {
+// Combines the splits of one (sequence, query head): 8 warps stride over the splits, each
+// lane owning D/32 dims, then the warps merge in shared memory.
+template <int D>
+__global__ void __launch_bounds__(256)
+    merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_splits,
+                 int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
+                 const int32_t* __restrict__ sel_counts, float* __restrict__ out,
+                 float* __restrict__ lse) {
+  constexpr int E = D / 32;  // dims per lane
+  __shared__ float sm[8], sl[8], sacc[8][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int G = Hq / H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int len = seq_lens[b];
   const int total = sel_counts ? sel_counts[int64_t(b) * H + hq / G] : (len + 15) / 16;
   const int used = (total + pages_per_split - 1) / pages_per_split;
   const int64_t prow = (int64_t(b) * Hq + hq) * n_splits;
-  float mx = kNegInf;
-  for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_ml[(prow + s) * 2]);
-  for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
-    float l = 0.f, acc = 0.f;
-    for (int s = 0; s < used; ++s) {
-      const float m = part_ml[(prow + s) * 2];
-      if (m == kNegInf) continue;
-      const float f = exp2f(m - mx);
-      l += f * part_ml[(prow + s) * 2 + 1];
-      acc += f * part_o[(prow + s) * d + dim];
+  float m = kNegInf, l = 0.f, acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+#pragma unroll 4
+  for (int s = warp; s < used; s += 8) {
+    const float ms = part_ml[(prow + s) * 2], ls = part_ml[(prow + s) * 2 + 1];
+    float o[E];
+    const float* src = part_o + (prow + s) * D + lane * E;
+    if constexpr (E == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(src);
+      o[0] = v.x, o[1] = v.y;
     }
-    out[(int64_t(b) * Hq + hq) * d + dim] = acc / l;
-    if (dim == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(l)) * kLn2;
+    const float mn = fmaxf(m, ms);
+    const float fo = m == kNegInf ? 0.f : exp2f(m - mn), fn = ms == kNegInf ? 0.f : exp2f(ms - mn);
+    l = l * fo + ls * fn;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * fo + o[e] * fn;
+    m = mn;
   }
+  if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+  for (int e = 0; e < E; ++e) sacc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  float mx = kNegInf;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) mx = fmaxf(mx, sm[w]);
+  float lt = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
+  for (int dim = threadIdx.x; dim < D; dim += blockDim.x) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
+    out[(int64_t(b) * Hq + hq) * D + dim] = a / lt;
+  }
+  if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;
 }
 
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
   if (a.Hq / a.H <= 8)
-    attn_kernel<T, D, 1><<<grid, kWarps * 32, 0, st>>>(a);
+    attn_kernel<T, D, 1><<<grid, kWarps * 32, kAttnSmem, st>>>(a);
   else
-    attn_kernel<T, D, 2><<<grid, kWarps * 32, 0, st>>>(a);
+    attn_kernel<T, D, 2><<<grid, kWarps * 32, kAttnSmem, st>>>(a);
 }
 
 }  // namespace
 
-void prepare_attention_kernels() {}
+void prepare_attention_kernels() {
+  const void* ks[] = {(const void*)attn_kernel<__nv_bfloat16, 128, 1>,
+                      (const void*)attn_kernel<__nv_bfloat16, 128, 2>,
+                      (const void*)attn_kernel<__nv_bfloat16, 64, 1>,
+                      (const void*)attn_kernel<__nv_bfloat16, 64, 2>,
+                      (const void*)attn_kernel<__half, 128, 1>,
+                      (const void*)attn_kernel<__half, 128, 2>,
+                      (const void*)attn_kernel<__half, 64, 1>,
+                      (const void*)attn_kernel<__half, 64, 2>};
+  for (const void* f : ks)
+    LOCKS_CUDA_CHECK(
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmem));
+}
 
 void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q, int Hq,
                       float scale, const Selection* sel, int pps, int n_splits, float* part_o,
@@ -324,9 +414,13 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
       launch_t<__half, 64>(a, grid, st);
   }
   LOCKS_CUDA_LAUNCHED();
-  merge_kernel<<<dim3(unsigned(Hq), unsigned(batch.batch_size)), L.head_dim, 0, st>>>(
-      part_o, part_ml, n_splits, pps, L.num_kv_heads, L.head_dim, batch.seq_lens,
-      sel ? sel->counts : nullptr, out, lse);
+  const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
+  if (L.head_dim == 128)
+    merge_kernel<128><<<mgrid, 256, 0, st>>>(part_o, part_ml, n_splits, pps, L.num_kv_heads,
+                                             batch.seq_lens, sel ? sel->counts : nullptr, out, lse);
+  else
+    merge_kernel<64><<<mgrid, 256, 0, st>>>(part_o, part_ml, n_splits, pps, L.num_kv_heads,
+                                            batch.seq_lens, sel ? sel->counts : nullptr, out, lse);
   LOCKS_CUDA_LAUNCHED();
 }
 

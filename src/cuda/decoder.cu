@@ -1,4 +1,5 @@
 // cuda::Decoder: plan (validate shapes, allocate every workspace once) and the run calls.
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -10,8 +11,9 @@ namespace locks::cuda {
 namespace {
 using detail::ceil_div;
 
-constexpr int kDensePagesPerSplit = 32;  // 512 tokens, 256 KB of bf16 K+V per KV head (d 128)
-constexpr int kSparsePagesPerSplit = 8;  // small splits: a 2048-token budget gives 16 blocks
+constexpr int kDensePagesPerSplit = 16;  // at least 256 tokens, 128 KB of bf16 K+V per KV head
+constexpr int kMaxDenseSplits = 512;     // longer contexts get longer splits (merge stays cheap)
+constexpr int kSparsePagesPerSplit = 4;  // one page per warp: a 2048-token budget gives 32 blocks
 
 template <typename T>
 T* dev_alloc(size_t n) {
@@ -46,8 +48,21 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
             Hkv = L.num_kv_heads;
   score_chunks_ = ceil_div(M, detail::kScoreChunk);
   select_chunks_ = ceil_div(M, detail::kSelectChunk);
-  dense_splits_ = ceil_div(M, kDensePagesPerSplit);
-  sparse_splits_ = ceil_div(capacity_, kSparsePagesPerSplit);
+  // Sparse splits: about 4 blocks per SM over the whole batch, 4 to 32 pages each.
+  int dev = 0, sms = 132;
+  LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
+  LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t work = int64_t(capacity_) * B * Hkv;
+  sparse_pps_ =
+      int(std::clamp<int64_t>((work + 4 * sms - 1) / (4 * sms), kSparsePagesPerSplit, 32));
+  sparse_pps_ = (sparse_pps_ + 3) / 4 * 4;
+  sparse_splits_ = ceil_div(capacity_, sparse_pps_);
+  // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each
+  // block start), 16 to 128 pages each, at most kMaxDenseSplits per sequence.
+  const int64_t dense_work = int64_t(M) * B * Hkv;
+  dense_pps_ = int(std::clamp<int64_t>(dense_work / (16 * sms), kDensePagesPerSplit, 128));
+  dense_pps_ = std::max(dense_pps_ / 4 * 4, ceil_div(M, kMaxDenseSplits));
+  dense_splits_ = ceil_div(M, dense_pps_);
   const int splits = std::max(dense_splits_, sparse_splits_);
   head_scores_ = dev_alloc<float>(size_t(B) * Hq * M);
   chunk_lse_ = dev_alloc<float>(size_t(B) * Hq * score_chunks_ * 2);
@@ -143,7 +158,7 @@ void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const Que
                   "selection is null or its capacity ", sel->capacity, " exceeds the plan's ",
                   capacity_);
   }
-  const int pps = sel ? kSparsePagesPerSplit : kDensePagesPerSplit;
+  const int pps = sel ? sparse_pps_ : dense_pps_;
   detail::launch_attention(cache, batch, q.q, plan_.num_q_heads, scale_, sel, pps,
                            std::max(dense_splits_, sparse_splits_), part_o_, part_ml_, out.out,
                            out.lse, st);

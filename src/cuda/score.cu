@@ -40,6 +40,13 @@ SumView sum_view(const SummaryView& s) {
           s.basis_q, s.basis_scale, s.coeff_q, s.coeff_scale};
 }
 
+// 2^x through the SFU (ex2.approx: 2 ulp), enough for page scores.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 2^-e normaliser so that max |x| * f lies in [1, 2) (1 for 0 or non-normal values).
 __device__ __forceinline__ float pow2_normaliser(float mx) {
   const int e = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;
@@ -155,7 +162,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
 }
 
 // ---------------------------------------------------------------- tensor cores (quant)
-constexpr int kMmaWarps = 8;  // 8 warps x 16 pages = one 128-page chunk
+constexpr int kMmaWarps = 4;  // 4 warps x 32 pages = one 128-page chunk
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -201,26 +208,119 @@ __device__ __forceinline__ uint32_t int8_pair_half2(int8_t v) {
   return *reinterpret_cast<const uint32_t*>(&h2);
 }
 
+// Asynchronous 16-byte (or 4-byte) global -> shared copies; src_size 0 fills zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One stage of a warp's pipeline: the summaries of 8 consecutive pages, copied verbatim.
+template <int D>
+struct Stage {
+  static constexpr int kPages = 8, R = 8, P = 16;
+  uint8_t basis[kPages][R * D / 2];
+  int8_t mu[kPages][D];
+  int8_t coeff[kPages][P * R];
+  float bscale[kPages][R];
+  float cscale[kPages][R];
+  float muscale[kPages];
+};
+
+// Issue the copies of pages j0 .. j0+7 (block ids from the lanes 0..7 of `blk`).
+template <int D>
+__device__ __forceinline__ void stage_load(Stage<D>& st, const SumView& S, int H, int h, int j0,
+                                           int n_full, int32_t blk, int lane) {
+  constexpr int R = 8, P = 16;
+  constexpr int BC = R * D / 2 / 16, MC = D / 16, CC = P * R / 16;  // 16-byte chunks per page
+  auto bh_of = [&](int p) {
+    const int32_t b = __shfl_sync(kFull, blk, p);
+    return int64_t(b < 0 ? 0 : b) * H + h;
+  };
+#pragma unroll
+  for (int c = lane; c < 8 * BC; c += 32) {
+    const int p = c / BC;
+    const int64_t bh = bh_of(p);
+    cp_async16(&st.basis[p][(c % BC) * 16], S.basis_q + bh * (R * D / 2) + (c % BC) * 16,
+               j0 + p < n_full);
+  }
+#pragma unroll
+  for (int c = lane; c < 8 * MC; c += 32) {
+    const int p = c / MC;
+    const int64_t bh = bh_of(p);
+    cp_async16(&st.mu[p][(c % MC) * 16], S.mu_q + bh * D + (c % MC) * 16, j0 + p < n_full);
+  }
+#pragma unroll
+  for (int c = lane; c < 8 * CC; c += 32) {
+    const int p = c / CC;
+    const int64_t bh = bh_of(p);
+    cp_async16(&st.coeff[p][(c % CC) * 16], S.coeff_q + bh * (P * R) + (c % CC) * 16,
+               j0 + p < n_full);
+  }
+  {  // scales: 2 chunks per page each for basis and coefficient scales; lanes 0..7 mu scale
+    const int p = (lane >> 1) & 7, half = lane & 1;
+    const int64_t bh = bh_of(p);
+    if (lane < 16)
+      cp_async16(&st.bscale[p][4 * half], S.basis_scale + bh * R + 4 * half, j0 + p < n_full);
+    else
+      cp_async16(&st.cscale[p][4 * half], S.coeff_scale + bh * R + 4 * half, j0 + p < n_full);
+    const int64_t bm = bh_of(lane & 7);
+    if (lane < 8) cp_async4(&st.muscale[lane], S.mu_scale + bm, j0 + lane < n_full);
+  }
+}
+
 // D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
+// Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in four stages
+// of 8 pages, two stages in flight (cp.async), so the loads of the next 8 pages overlap the
+// tensor-core work on the current ones.
 template <int D, int NT1>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
               float scale, float* head_scores, float* chunk_lse, int n_chunks) {
   constexpr int KS = D / 16;          // k-steps over the head dim
-  constexpr int R = 8, P = 16;        // rank, page size
+  constexpr int R = 8;                // rank
   constexpr int NT3 = (NT1 + 1) / 2;  // n-tiles of 8 heads in the per-key product
   constexpr int GMAX = 4 * NT1;
+  constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
+  constexpr int kStages = kPerWarp / 8;
   __shared__ float qs[GMAX][D + 4];
   __shared__ float unscale[GMAX];
   __shared__ float sc[GMAX * kScoreChunk];
-  __shared__ float mt[kMmaWarps][P][GMAX + 1];     // q.mu per page of the warp's tile
-  __shared__ float wy[kMmaWarps][2][R][GMAX + 1];  // scaled (V q)_k per page of the pair
+  __shared__ float mt[kMmaWarps][8][GMAX + 1];     // q.mu per page of the stage
+  __shared__ float wy[kMmaWarps][8][R][GMAX + 1];  // scaled (V q)_k per page of the stage
+  extern __shared__ float4 dyn[];
+  Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
 
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
+  const int n_full = seq_lens[b] / 16;
+  const int jw = chunk * kScoreChunk + warp * kPerWarp;  // first page of the warp
+  const int32_t* bt = block_table + int64_t(b) * bt_stride;
+  Stage<D>* my = stages + 2 * warp;
+  // Block ids of the warp's 32 pages: lane l holds page jw + l (-1 past the full pages).
+  const int32_t blk_all = (jw + lane < n_full) ? bt[jw + lane] : -1;
+  const int n_stages = jw < n_full ? min(kStages, (n_full - jw + 7) / 8) : 0;
+  auto issue = [&](int s) {
+    if (s < n_stages)
+      stage_load<D>(my[s & 1], S, H, h, jw + 8 * s, n_full,
+                    __shfl_sync(kFull, blk_all, 8 * s + (lane & 7)), lane);
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
 
   // Query rows (scaled to log2 units), normalised per head by a power of two.
   for (int g = warp; g < GMAX; g += kMmaWarps) {
@@ -255,81 +355,60 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
   }
 
-  const int n_full = seq_lens[b] / P;
-  const int j0 = chunk * kScoreChunk + warp * 16;
-  const int32_t* bt = block_table + int64_t(b) * bt_stride;
-  auto page_bh = [&](int j) -> int64_t { return int64_t(bt[j]) * H + h; };
-
-  if (j0 < n_full) {  // warp-uniform; pages j >= n_full inside the tile are masked
-    // (a) q.mu for the tile's 16 pages: rows gid and gid + 8.
+  for (int s = 0; s < kStages; ++s) {
+    const int j0 = jw + 8 * s;
+    float* scw = sc + warp * kPerWarp + 8 * s;  // sc[g * 128 + ...]
+    if (s >= n_stages) {                        // warp-uniform: nothing of the sequence here
+      for (int e = lane; e < GMAX * 8; e += 32) scw[(e / 8) * kScoreChunk + e % 8] = kNegInf;
+      continue;
+    }
+    cp_async_wait<1>();
+    __syncwarp();
+    const Stage<D>& st = my[s & 1];
+    // (a) q.mu for the stage's 8 pages: A rows gid (rows gid + 8 are zero).
     {
-      uint32_t ra[2][KS * 2];
+      uint32_t ra[KS * 2];
+      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid][(D / 4) * tig]);
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int j = j0 + gid + 8 * x;
-        uint32_t w[D / 16];
-        if (j < n_full) {
-          const uint4* src =
-              reinterpret_cast<const uint4*>(S.mu_q + page_bh(j) * D + (D / 4) * tig);
+      for (int v = 0; v < D / 64; ++v) {
+        const uint4 u = src[v];
+        uint32_t o[4];
+        int8x8_to_half2(u.x, u.y, o);
 #pragma unroll
-          for (int v = 0; v < D / 64; ++v) {
-            const uint4 u = src[v];
-            w[4 * v] = u.x, w[4 * v + 1] = u.y, w[4 * v + 2] = u.z, w[4 * v + 3] = u.w;
-          }
-        } else {
+        for (int m = 0; m < 4; ++m) ra[8 * v + m] = o[m];
+        int8x8_to_half2(u.z, u.w, o);
 #pragma unroll
-          for (int v = 0; v < D / 16; ++v) w[v] = 0u;  // codes 0
-        }
-#pragma unroll
-        for (int v = 0; v < D / 32; ++v) {
-          uint32_t o[4];
-          int8x8_to_half2(w[2 * v], w[2 * v + 1], o);
-#pragma unroll
-          for (int m = 0; m < 4; ++m) ra[x][4 * v + m] = o[m];
-        }
+        for (int m = 0; m < 4; ++m) ra[8 * v + 4 + m] = o[m];
       }
 #pragma unroll
       for (int nt = 0; nt < NT1; ++nt) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int s = 0; s < KS; ++s)
-          mma16816(acc, ra[0][2 * s], ra[1][2 * s], ra[0][2 * s + 1], ra[1][2 * s + 1],
-                   bq[nt][s][0], bq[nt][s][1]);
+        for (int k = 0; k < KS; ++k)
+          mma16816(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int j = j0 + gid + 8 * x;
-          const float ms = j < n_full ? S.mu_scale[page_bh(j)] : 0.0f;
-          mt[warp][gid + 8 * x][g] = (acc[2 * x] + acc[2 * x + 1]) * ms * unscale[g];
-        }
+        mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
       }
     }
     __syncwarp();
 
-    // (b, c) pairs of pages: V q on the tensor cores, then the per-key logits.
-    for (int p = 0; p < 16; p += 2) {
+    // (b) V q for the 4 pairs of pages on the tensor cores (two pairs in flight).
+#pragma unroll 2
+    for (int p = 0; p < 8; p += 2) {
       uint32_t ra[2][KS * 2];
       float wsc[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const int j = j0 + p + x;
+        const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
         uint32_t w[D / 32];
-        if (j < n_full) {
-          const int64_t bh = page_bh(j);
-          const uint8_t* src = S.basis_q + (bh * R + gid) * (D / 2) + (D / 8) * tig;
-          if constexpr (D == 128) {
-            const uint4 u = *reinterpret_cast<const uint4*>(src);
-            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-          } else {
-            const uint2 u = *reinterpret_cast<const uint2*>(src);
-            w[0] = u.x, w[1] = u.y;
-          }
-          wsc[x] = S.basis_scale[bh * R + gid] * S.coeff_scale[bh * R + gid];
+        if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(src);
+          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
         } else {
-#pragma unroll
-          for (int v = 0; v < D / 32; ++v) w[v] = 0u;  // codes 0
-          wsc[x] = 0.0f;
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
+          w[0] = u.x, w[1] = u.y;
         }
+        wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
 #pragma unroll
         for (int v = 0; v < D / 32; ++v) {
           uint32_t o[4];
@@ -342,69 +421,73 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       for (int nt = 0; nt < NT1; ++nt) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int s = 0; s < KS; ++s)
-          mma16816(acc, ra[0][2 * s], ra[1][2 * s], ra[0][2 * s + 1], ra[1][2 * s + 1],
-                   bq[nt][s][0], bq[nt][s][1]);
+        for (int k = 0; k < KS; ++k)
+          mma16816(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
+                   bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
-        wy[warp][0][gid][g] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
-        wy[warp][1][gid][g] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
+        wy[warp][p][gid][g] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
+        wy[warp][p + 1][gid][g] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
       }
-      __syncwarp();
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int jj = p + x, j = j0 + jj;
-        if (j >= n_full) {  // warp-uniform
-          for (int g = lane; g < GMAX; g += 32) sc[g * kScoreChunk + warp * 16 + jj] = kNegInf;
-          continue;
-        }
-        const int64_t bh = page_bh(j);
-        // Normalise the projected query of this page by a power of two (fp16 range).
-        float mx = 0.0f;
-        for (int e = lane; e < R * GMAX; e += 32)
-          mx = fmaxf(mx, fabsf(wy[warp][x][e / GMAX][e % GMAX]));
-        const float f = pow2_normaliser(warp_max(mx));
-        const int8_t* cq = S.coeff_q + bh * P * R;
-        const char2 c0 = *reinterpret_cast<const char2*>(cq + gid * R + 2 * tig);
-        const char2 c1 = *reinterpret_cast<const char2*>(cq + (gid + 8) * R + 2 * tig);
-        const uint32_t a0 = int8_pair_half2(c0.x), a1 = int8_pair_half2(c1.x);
-        const uint32_t a2 = int8_pair_half2(c0.y), a3 = int8_pair_half2(c1.y);
-#pragma unroll
-        for (int nt = 0; nt < NT3; ++nt) {
-          const int gb = nt * 8 + gid;  // B column = head
-          uint32_t b0 = 0, b1 = 0;
-          if (gb < GMAX) {
-            const float w0 = wy[warp][x][2 * tig][gb] * f, w1 = wy[warp][x][2 * tig + 1][gb] * f;
-            b0 = pack_half2(hi_part(w0), w0 - hi_part(w0));
-            b1 = pack_half2(hi_part(w1), w1 - hi_part(w1));
-          }
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          mma16816(acc, a0, a1, a2, a3, b0, b1);
-          const float inv = 1.0f / f;
-#pragma unroll
-          for (int y = 0; y < 2; ++y) {
-            const int g = nt * 8 + 2 * tig + y;
-            const float base = g < GMAX ? mt[warp][jj][g] : 0.0f;
-            const float x0 = acc[y] * inv + base, x1 = acc[2 + y] * inv + base;
-            float m = fmaxf(x0, x1);
-            m = fmaxf(m, __shfl_xor_sync(kFull, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(kFull, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(kFull, m, 16));
-            float l = exp2f(x0 - m) + exp2f(x1 - m);
-            l += __shfl_xor_sync(kFull, l, 4);
-            l += __shfl_xor_sync(kFull, l, 8);
-            l += __shfl_xor_sync(kFull, l, 16);
-            if (gid == 0 && g < GMAX) sc[g * kScoreChunk + warp * 16 + jj] = (m + log2f(l)) * kLn2;
-          }
-        }
-      }
-      __syncwarp();
     }
-  } else {
-    for (int e = lane; e < GMAX * 16; e += 32)
-      sc[(e / 16) * kScoreChunk + warp * 16 + e % 16] = kNegInf;
+    __syncwarp();
+    // (c) per-key logits and each page's log-sum-exp, four pages in flight. The projected
+    // query w = (V q)_k * scales stays far inside fp16's range for any sane logit scale;
+    // its hi + lo split keeps ~22 bits.
+#pragma unroll 4
+    for (int jj = 0; jj < 8; ++jj) {
+      const int8_t* cq = st.coeff[jj];
+      const char2 c0 = *reinterpret_cast<const char2*>(cq + gid * R + 2 * tig);
+      const char2 c1 = *reinterpret_cast<const char2*>(cq + (gid + 8) * R + 2 * tig);
+      const uint32_t a0 = int8_pair_half2(c0.x), a1 = int8_pair_half2(c1.x);
+      const uint32_t a2 = int8_pair_half2(c0.y), a3 = int8_pair_half2(c1.y);
+      const bool valid = j0 + jj < n_full;
+#pragma unroll
+      for (int nt = 0; nt < NT3; ++nt) {
+        const int gb = nt * 8 + gid;  // B column = head
+        uint32_t b0 = 0, b1 = 0;
+        if (gb < GMAX) {
+          const float w0 = wy[warp][jj][2 * tig][gb], w1 = wy[warp][jj][2 * tig + 1][gb];
+          b0 = pack_half2(hi_part(w0), w0 - hi_part(w0));
+          b1 = pack_half2(hi_part(w1), w1 - hi_part(w1));
+        }
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma16816(acc, a0, a1, a2, a3, b0, b1);
+        // logsumexp over the 16 keys (rows gid, gid + 8; lanes differing in gid). The
+        // coefficients of a page sum to zero over its keys, so max_i Z_i >= 0 and
+        // sum_i 2^Z_i >= 1: no max subtraction is needed unless some Z is huge (then the
+        // exact max-shifted form runs; warp-uniform vote).
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+          const int g = nt * 8 + 2 * tig + y;
+          const float base = g < GMAX ? mt[warp][jj][g] : 0.0f;
+          const float z0 = acc[y], z1 = acc[2 + y];
+          float shift = 0.0f;
+          if (__any_sync(kFull, fmaxf(z0, z1) > 64.0f)) {
+            shift = fmaxf(z0, z1);
+            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 4));
+            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 8));
+            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 16));
+          }
+          float l = fast_exp2(z0 - shift) + fast_exp2(z1 - shift);
+          l += __shfl_xor_sync(kFull, l, 4);
+          l += __shfl_xor_sync(kFull, l, 8);
+          l += __shfl_xor_sync(kFull, l, 16);
+          if (gid == 0 && g < GMAX)
+            scw[g * kScoreChunk + jj] = valid ? (base + shift + __log2f(l)) * kLn2 : kNegInf;
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    issue(s + 2);
   }
+  cp_async_wait<0>();
   __syncthreads();
   write_chunk(sc, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+}
+
+template <int D>
+constexpr int mma_smem() {
+  return int(2 * kMmaWarps * sizeof(Stage<D>));
 }
 
 template <int D, int NT1>
@@ -413,7 +496,7 @@ void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, in
   const int H = s.layout.num_kv_heads;
   const dim3 grid(unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)), unsigned(H),
                   unsigned(batch.batch_size));
-  score_mma<D, NT1><<<grid, kMmaWarps * 32, 0, st>>>(
+  score_mma<D, NT1><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
       batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks);
 }
@@ -435,6 +518,16 @@ void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, 
 void prepare_score_kernels() {
   LOCKS_CUDA_CHECK(cudaFuncSetAttribute(score_generic, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kGenericSmemMax));
+  const void* k128[] = {(const void*)score_mma<128, 1>, (const void*)score_mma<128, 2>,
+                        (const void*)score_mma<128, 4>};
+  const void* k64[] = {(const void*)score_mma<64, 1>, (const void*)score_mma<64, 2>,
+                       (const void*)score_mma<64, 4>};
+  for (const void* f : k128)
+    LOCKS_CUDA_CHECK(
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<128>()));
+  for (const void* f : k64)
+    LOCKS_CUDA_CHECK(
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<64>()));
 }
 
 bool score_uses_tensor_cores(const SummaryLayout& s, int group) {

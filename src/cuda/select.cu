@@ -57,7 +57,11 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
     for (int e = threadIdx.x; e < n; e += kThreads) {
       bool valid;
       const uint32_t k = key_of(e, valid);
-      if (valid && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 255u], 1u);
+      // Scores crowd into few bins: aggregate equal bins across the warp (one atomic each).
+      const uint32_t bin = (valid && (k & mask) == prefix) ? (k >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
+        atomicAdd(&sm.hist[bin], unsigned(__popc(peers)));
     }
     __syncthreads();
     if (threadIdx.x < 32) {          // warp 0: find the digit where the count from the top reaches
@@ -141,9 +145,12 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const float* s = gs + row * M + lo;
+  __shared__ uint32_t skeys[kSelectChunk];  // the chunk's keys, read once from global memory
+  for (int e = threadIdx.x; e < n; e += kThreads) skeys[e] = float_key(s[e]);
+  __syncthreads();
   auto key_of = [&](int e, bool& valid) {
     valid = true;
-    return float_key(s[e]);
+    return skeys[e];
   };
   uint32_t T = 0;
   int need_eq = 0;
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t* ok = cand_key + (row * n_chunks + c) * cap;
   int32_t* oi = cand_idx + (row * n_chunks + c) * cap;
   const int got = compact(key_of, n, all, T, need_eq, sm, [&](int e, int pos) {
-    ok[pos] = float_key(s[e]);
+    ok[pos] = skeys[e];
     oi[pos] = lo + e;
   });
   if (threadIdx.x == 0) *cnt = got;

@@ -71,7 +71,8 @@ class Decoder {
   void check_batch(const BatchView& batch) const;
   Plan plan_;
   float scale_;
-  int group_, capacity_, score_chunks_, select_chunks_, dense_splits_, sparse_splits_;
+  int group_, capacity_, score_chunks_, select_chunks_, dense_pps_, dense_splits_, sparse_pps_,
+      sparse_splits_;
   float* head_scores_ = nullptr;
   float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks, 2] (max, sum)
   float* group_scores_ = nullptr;
