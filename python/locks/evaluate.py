@@ -95,6 +95,26 @@ class SideBySide:
     full_s: float
     locks_s: float
     new_tokens: int
+    full_prefill_s: float = 0.0
+    locks_prefill_s: float = 0.0
+
+    def decode_tok_s(self, which: str) -> float:
+        """Decode speed, tokens per second per sequence, prefill excluded."""
+        total, pre = (self.full_s, self.full_prefill_s) if which == "full" else (self.locks_s, self.locks_prefill_s)
+        return (self.new_tokens - 1) / max(total - pre, 1e-9)
+
+
+class _Clock:
+    """A logits processor that only records when each generation step's logits are ready."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self, input_ids, scores):
+        if scores.is_cuda:
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        return scores
 
 
 @torch.inference_mode()
@@ -108,17 +128,22 @@ def side_by_side(model, tokenizer, prompts: list[str], max_new_tokens: int, budg
                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
 
     def run(cache):
+        from transformers import LogitsProcessorList
+
         kw = {hf.cache_kwarg(model): cache} if cache is not None else {}
+        clock = _Clock()
         t0 = time.perf_counter()
-        out = model.generate(**enc, **gen, **kw)
-        return out[:, n:], time.perf_counter() - t0
+        out = model.generate(**enc, **gen, **kw, logits_processor=LogitsProcessorList([clock]))
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        return out[:, n:], time.perf_counter() - t0, clock.times[0] - t0
 
     with attn_implementation(model, _dense_impl(model)):
-        full, full_s = run(None)
+        full, full_s, full_pre = run(None)
     with attn_implementation(model, hf.ATTN_NAME):
-        mine, locks_s = run(hf.LocksCache(model.config, budget=budget, **locks_kwargs))
+        mine, locks_s, locks_pre = run(hf.LocksCache(model.config, budget=budget, **locks_kwargs))
     same = full == mine
     first = [int((~row).nonzero()[0]) if (~row).any() else -1 for row in same]
     dec = lambda t: [tokenizer.decode(r, skip_special_tokens=True) for r in t]  # noqa: E731
     return SideBySide(dec(full), dec(mine), float(same.float().mean()), first, full_s, locks_s,
-                      max_new_tokens)
+                      max_new_tokens, full_pre, locks_pre)

