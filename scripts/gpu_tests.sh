@@ -51,13 +51,14 @@ for p in "${phases[@]}"; do
     bench-quick)
       timeout 240 "$BENCH" "$OUT/bench.csv" --quick 2>&1 | tee "$OUT/bench.log" ;;
     profile)
-      # Nsight Compute on the first kernels of a quick bench run (clocks left alone).
-      timeout 300 ncu --clock-control none --graph-profiling node \
-        -k regex:'score_mma|attn_kernel|summary_kernel|select_stage|merge_kernel' -c 12 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        "$BENCH" /dev/null --quick >"$OUT/profile.log" 2>&1
+      # Nsight Compute (clocks left alone) on the scoring and attention kernels of one
+      # large configuration (Llama-3.1-8B shapes, 128K tokens, batch 8).
+      timeout 300 ncu --clock-control none --graph-profiling node -k regex:'score_mma|attn_kernel' \
+        -c 3 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        "$BENCH" /dev/null --only Llama 131072 8 >"$OUT/profile.log" 2>&1
       echo "profile rc=$?"
-      grep -E "^  [a-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150 ;;
+      grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|stall|Stall" "$OUT/profile.log" | head -120 ;;
     *) echo "unknown phase $p"; status=2 ;;
   esac
 done

@@ -2,11 +2,12 @@
 // For each model shape, context and batch: median time per step (CUDA-graph replays, L2
 // flushed before each), bytes read, the ratios, each kernel's achieved bandwidth against a
 // read ceiling measured here, and the summary build (incremental per step, bulk).
-// Usage: locks_bench_cuda [csv_path] [--quick]
+// Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -143,7 +144,19 @@ struct Model {
 
 int main(int argc, char** argv) {
   const char* csv_path = argc > 1 ? argv[1] : nullptr;
-  const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  bool quick = false;
+  std::string only_model;
+  int64_t only_ctx = 0;
+  int only_batch = 0;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
+      only_model = argv[i + 1];
+      only_ctx = std::atoll(argv[i + 2]);
+      only_batch = std::atoi(argv[i + 3]);
+      i += 3;
+    }
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.1f GiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
@@ -151,7 +164,7 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaMalloc(&g_flush, kFlushBytes));
-  const double ceiling = measure_read_ceiling(st);
+  const double ceiling = only_model.empty() ? measure_read_ceiling(st) : 4.4;
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv)
     std::fprintf(
@@ -175,6 +188,9 @@ int main(int argc, char** argv) {
   for (const Model& m : models)
     for (int64_t ctx : contexts)
       for (int B : batches) {
+        if (!only_model.empty() &&
+            (std::string(m.name).rfind(only_model, 0) != 0 || ctx != only_ctx || B != only_batch))
+          continue;
         const int64_t pages = ctx / P;
         const int64_t blocks = pages * B;
         const size_t kv_bytes = size_t(blocks) * P * m.hkv * m.d * 2;  // one of K or V

@@ -275,25 +275,30 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
-    const int g = e / D, dim = e % D;
+  __shared__ float fac[kWarps][16];  // each warp's weight in the block's merge, per head
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
     float mx = kNegInf;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sml[w][g][0]);
-    float l = 0.f, acc = 0.f;
+    float l = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      if (sml[w][g][0] == kNegInf) continue;
-      const float f = exp2f(sml[w][g][0] - mx);
+      const float f = sml[w][g][0] == kNegInf ? 0.f : exp2f(sml[w][g][0] - mx);
+      fac[w][g] = f;
       l += f * sml[w][g][1];
-      acc += f * so[w][g][dim];
     }
     const int64_t prow = (int64_t(b) * a.Hq + h * G + g) * a.n_splits + split;
-    a.part_o[prow * D + dim] = acc;
-    if (dim == 0) {
-      a.part_ml[prow * 2] = mx;
-      a.part_ml[prow * 2 + 1] = l;
-    }
+    a.part_ml[prow * 2] = mx;
+    a.part_ml[prow * 2 + 1] = l;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+    const int g = e / D, dim = e % D;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += fac[w][g] * so[w][g][dim];
+    a.part_o[((int64_t(b) * a.Hq + h * G + g) * a.n_splits + split) * D + dim] = acc;
   }
 }
 
