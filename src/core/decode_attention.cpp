@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "internal/check.h"
+#include "internal/fast_exp.h"
 #include "internal/row_convert.h"
 #include "internal/simd_clones.h"
 #include "locks/attention.h"
@@ -98,10 +99,8 @@ void attend_chunk(const KvCacheView& cache, const int32_t* table, int32_t len, c
       }
       const float m = sh[0];
       float l = sh[1];
-      for (int s = 0; s < n; ++s) {
-        w.logits[s] = std::exp(w.logits[s] - m);
-        l += w.logits[s];
-      }
+      for (int s = 0; s < n; ++s) w.logits[s] = detail::exp_nonpos(w.logits[s] - m);
+      for (int s = 0; s < n; ++s) l += w.logits[s];
       sh[1] = l;
       // acc += sum_s p_s v_s, 16 output dims at a time kept in registers over the page.
       constexpr int B = 16;  // head_dim is a multiple of 32

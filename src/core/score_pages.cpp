@@ -7,20 +7,88 @@
 #include <vector>
 
 #include "internal/check.h"
+#include "internal/fast_exp.h"
 #include "internal/row_convert.h"
+#include "internal/simd_clones.h"
 #include "locks/error.h"
 #include "locks/score.h"
 
 namespace locks::cpu {
 namespace {
 
-// log sum_i exp(x_i), x finite.
-float log_sum_exp(const float* x, int n) {
+// log sum_i exp(x_i), x finite; x is overwritten.
+inline float log_sum_exp(float* x, int n) {
   float m = x[0];
   for (int i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int i = 0; i < n; ++i) x[i] = detail::exp_nonpos(x[i] - m);
   float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  for (int i = 0; i < n; ++i) s += x[i];
   return m + std::log(s);
+}
+
+struct Scratch {
+  float* row;     // [d]
+  float* proj;    // [G * r]
+  float* qmu;     // [G]
+  float* logits;  // [P]
+};
+
+// logits_i = (q.mu + sum_k proj_k c_ik) * scale for one query head, then their LSE.
+// proj already holds the coefficient scales in quant mode (c_ik = coeff_scale_k * code).
+template <typename C>
+inline float page_lse(float qmu, const float* proj, const C* coeff, int P, int r, float scale,
+                      float* logits) {
+  for (int i = 0; i < P; ++i) logits[i] = 0.0f;
+  for (int k = 0; k < r; ++k) {  // k outer: the loop over the page's keys vectorizes
+    const float pk = proj[k];
+    for (int i = 0; i < P; ++i) logits[i] += pk * float(coeff[int64_t(i) * r + k]);
+  }
+  for (int i = 0; i < P; ++i) logits[i] = (qmu + logits[i]) * scale;
+  return log_sum_exp(logits, P);
+}
+
+// One page's scores for the G query heads of its KV head; dst[h * M] receives head h.
+LOCKS_SIMD_CLONES
+void score_fp32(const SummaryView& S, int64_t bh, const float* qg, int G, float scale, float* dst,
+                int M, const Scratch& w) {
+  const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
+  const float* mu = S.mu + bh * d;
+  const float* basis = S.basis + bh * r * d;
+  const float* coeff = S.coeff + bh * P * r;
+  for (int h = 0; h < G; ++h) {
+    const float* qh = qg + int64_t(h) * d;
+    const float qmu = detail::dot(qh, mu, d);
+    for (int k = 0; k < r; ++k) w.proj[k] = detail::dot(qh, basis + int64_t(k) * d, d);
+    dst[int64_t(h) * M] = page_lse(qmu, w.proj, coeff, P, r, scale, w.logits);
+  }
+}
+
+// Integer codes times scales: q.mu = mu_scale * (q . mu_q), (V q)_k = basis_scale_k *
+// (q . basis_q_k), c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row at a
+// time (int4 unpacked into w.row); the summary is never dequantized as a whole.
+LOCKS_SIMD_CLONES
+void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float scale, float* dst,
+                 int M, const Scratch& w) {
+  const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
+  const int8_t* mu_q = S.mu_q + bh * d;
+  const uint8_t* basis_q = S.basis_q + bh * r * (d / 2);
+  const float* basis_scale = S.basis_scale + bh * r;
+  const int8_t* coeff_q = S.coeff_q + bh * P * r;
+  const float* coeff_scale = S.coeff_scale + bh * r;
+  for (int e = 0; e < d; ++e) w.row[e] = float(mu_q[e]);
+  for (int h = 0; h < G; ++h)
+    w.qmu[h] = S.mu_scale[bh] * detail::dot(qg + int64_t(h) * d, w.row, d);
+  for (int k = 0; k < r; ++k) {
+    const uint8_t* codes = basis_q + int64_t(k) * (d / 2);
+    for (int e = 0; e < d / 2; ++e) {
+      w.row[2 * e] = float(static_cast<int8_t>(static_cast<uint8_t>(codes[e] << 4)) >> 4);
+      w.row[2 * e + 1] = float(static_cast<int8_t>(codes[e]) >> 4);
+    }
+    const float s = basis_scale[k] * coeff_scale[k];
+    for (int h = 0; h < G; ++h) w.proj[h * r + k] = s * detail::dot(qg + int64_t(h) * d, w.row, d);
+  }
+  for (int h = 0; h < G; ++h)
+    dst[int64_t(h) * M] = page_lse(w.qmu[h], w.proj + h * r, coeff_q, P, r, scale, w.logits);
 }
 
 }  // namespace
@@ -53,6 +121,7 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
   {
     std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
         qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P));
+    const Scratch w{row.data(), proj.data(), qmu.data(), logits.data()};
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       const int j = static_cast<int>(item % M);
@@ -68,54 +137,9 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
       const int64_t bh = int64_t(block) * Hkv + g;
       const float* qg = q.q + (int64_t(b) * Hq + int64_t(g) * G) * d;
       if (!quant) {
-        const float* mu = summaries.mu + bh * d;
-        const float* basis = summaries.basis + bh * r * d;
-        const float* coeff = summaries.coeff + bh * P * r;
-        for (int h = 0; h < G; ++h) {
-          const float* qh = qg + int64_t(h) * d;
-          const float qmu = detail::dot(qh, mu, d);
-          for (int k = 0; k < r; ++k) proj[size_t(k)] = detail::dot(qh, basis + int64_t(k) * d, d);
-          for (int i = 0; i < P; ++i) {
-            float local = 0.0f;
-            for (int k = 0; k < r; ++k) local += proj[size_t(k)] * coeff[int64_t(i) * r + k];
-            logits[size_t(i)] = (qmu + local) * scale;
-          }
-          dst[int64_t(h) * M] = log_sum_exp(logits.data(), P);
-        }
+        score_fp32(summaries, bh, qg, G, scale, dst, M, w);
       } else {
-        // Integer codes times scales: q.mu = mu_scale * (q . mu_q), (V q)_k = basis_scale_k *
-        // (q . basis_q_k), c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row
-        // at a time; the summary is never dequantized as a whole.
-        const int8_t* mu_q = summaries.mu_q + bh * d;
-        const uint8_t* basis_q = summaries.basis_q + bh * r * (d / 2);
-        const float* basis_scale = summaries.basis_scale + bh * r;
-        const int8_t* coeff_q = summaries.coeff_q + bh * P * r;
-        const float* coeff_scale = summaries.coeff_scale + bh * r;
-        // Per-head projections: proj_all[h * r + k] = (V q_h)_k * coeff_scale_k.
-        std::vector<float>& proj_all = proj;
-        for (int e = 0; e < d; ++e) row[size_t(e)] = float(mu_q[e]);
-        for (int h = 0; h < G; ++h)
-          qmu[size_t(h)] = summaries.mu_scale[bh] * detail::dot(qg + int64_t(h) * d, row.data(), d);
-        for (int k = 0; k < r; ++k) {
-          const uint8_t* codes = basis_q + int64_t(k) * (d / 2);
-          for (int e = 0; e < d / 2; ++e) {
-            row[size_t(2 * e)] =
-                float(static_cast<int8_t>(static_cast<uint8_t>(codes[e] << 4)) >> 4);
-            row[size_t(2 * e + 1)] = float(static_cast<int8_t>(codes[e]) >> 4);
-          }
-          const float s = basis_scale[k] * coeff_scale[k];
-          for (int h = 0; h < G; ++h)
-            proj_all[size_t(h) * r + k] = s * detail::dot(qg + int64_t(h) * d, row.data(), d);
-        }
-        for (int h = 0; h < G; ++h) {
-          const float* ph = proj_all.data() + size_t(h) * r;
-          for (int i = 0; i < P; ++i) {
-            float local = 0.0f;
-            for (int k = 0; k < r; ++k) local += ph[k] * float(coeff_q[int64_t(i) * r + k]);
-            logits[size_t(i)] = (qmu[size_t(h)] + local) * scale;
-          }
-          dst[int64_t(h) * M] = log_sum_exp(logits.data(), P);
-        }
+        score_quant(summaries, bh, qg, G, scale, dst, M, w);
       }
     }
   }
