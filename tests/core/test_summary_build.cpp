@@ -99,10 +99,13 @@ void check_summaries(const TestCache& t, int r) {
         // Projector onto the top-r subspace, where the subspace is well determined.
         if (sin_bound < 0.01) {
           ++projector_pages;
-          // For orthonormal rows ||V1^T V1 - V2^T V2||_F^2 = 2r - 2 ||V1 V2^T||_F^2 (r x r
-          // products only: a d x d product would take Eigen's multi-threaded GEMM path).
+          // ||V1^T V1 - V2^T V2||_F^2 = ||V1 V1^T||^2 + ||V2 V2^T||^2 - 2 ||V1 V2^T||^2, exactly
+          // (trace identities), with r x r products only: a d x d product would take Eigen's
+          // multi-threaded GEMM path.
+          const double a = m.V_cpu.lazyProduct(m.V_cpu.transpose()).squaredNorm();
+          const double bb = m.V_ref.lazyProduct(m.V_ref.transpose()).squaredNorm();
           const double cross = m.V_cpu.lazyProduct(m.V_ref.transpose()).squaredNorm();
-          EXPECT_LE(std::sqrt(std::max(0.0, 2.0 * r - 2.0 * cross)),
+          EXPECT_LE(std::sqrt(std::max(0.0, a + bb - 2 * cross)),
                     std::sqrt(2.0 * r) * sin_bound + 1e-5);
         }
         // Orthonormal basis rows (the scoring formula assumes it).
