@@ -225,10 +225,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// One stage of a warp's pipeline: the summaries of 8 consecutive pages, copied verbatim.
+// One stage of a warp's pipeline: the summaries of kSP consecutive pages, copied verbatim.
+// Small stages keep shared memory per block low (about 37 KB at d 128, G 4), so six blocks
+// (24 warps) fit on an SM: the scoring kernel needs many warps in flight to hide latency.
+constexpr int kSP = 4;
 template <int D>
 struct Stage {
-  static constexpr int kPages = 8, R = 8, P = 16;
+  static constexpr int kPages = kSP, R = 8, P = 16;
   uint8_t basis[kPages][R * D / 2];
   int8_t mu[kPages][D];
   int8_t coeff[kPages][P * R];
@@ -237,7 +240,7 @@ struct Stage {
   float muscale[kPages];
 };
 
-// Issue the copies of pages j0 .. j0+7 (block ids from the lanes 0..7 of `blk`).
+// Issue the copies of pages j0 .. j0+kSP-1 (block ids from the lanes 0..kSP-1 of `blk`).
 template <int D>
 __device__ __forceinline__ void stage_load(Stage<D>& st, const SumView& S, int H, int h, int j0,
                                            int n_full, int32_t blk, int lane) {
@@ -247,41 +250,49 @@ __device__ __forceinline__ void stage_load(Stage<D>& st, const SumView& S, int H
     const int32_t b = __shfl_sync(kFull, blk, p);
     return int64_t(b < 0 ? 0 : b) * H + h;
   };
+  // Every lane runs every pass (the shuffles need the whole warp); lanes past the end idle.
 #pragma unroll
-  for (int c = lane; c < 8 * BC; c += 32) {
-    const int p = c / BC;
+  for (int c0 = 0; c0 < kSP * BC; c0 += 32) {
+    const int c = c0 + lane, p = min(c / BC, kSP - 1);
     const int64_t bh = bh_of(p);
-    cp_async16(&st.basis[p][(c % BC) * 16], S.basis_q + bh * (R * D / 2) + (c % BC) * 16,
-               j0 + p < n_full);
+    if (c < kSP * BC)
+      cp_async16(&st.basis[p][(c % BC) * 16], S.basis_q + bh * (R * D / 2) + (c % BC) * 16,
+                 j0 + p < n_full);
   }
 #pragma unroll
-  for (int c = lane; c < 8 * MC; c += 32) {
-    const int p = c / MC;
+  for (int c0 = 0; c0 < kSP * MC; c0 += 32) {
+    const int c = c0 + lane, p = min(c / MC, kSP - 1);
     const int64_t bh = bh_of(p);
-    cp_async16(&st.mu[p][(c % MC) * 16], S.mu_q + bh * D + (c % MC) * 16, j0 + p < n_full);
+    if (c < kSP * MC)
+      cp_async16(&st.mu[p][(c % MC) * 16], S.mu_q + bh * D + (c % MC) * 16, j0 + p < n_full);
   }
 #pragma unroll
-  for (int c = lane; c < 8 * CC; c += 32) {
-    const int p = c / CC;
+  for (int c0 = 0; c0 < kSP * CC; c0 += 32) {
+    const int c = c0 + lane, p = min(c / CC, kSP - 1);
     const int64_t bh = bh_of(p);
-    cp_async16(&st.coeff[p][(c % CC) * 16], S.coeff_q + bh * (P * R) + (c % CC) * 16,
-               j0 + p < n_full);
+    if (c < kSP * CC)
+      cp_async16(&st.coeff[p][(c % CC) * 16], S.coeff_q + bh * (P * R) + (c % CC) * 16,
+                 j0 + p < n_full);
   }
-  {  // scales: 2 chunks per page each for basis and coefficient scales; lanes 0..7 mu scale
-    const int p = (lane >> 1) & 7, half = lane & 1;
+  {  // scales: lanes 0-7 basis scales, 8-15 coefficient scales (2 chunks per page each),
+     // lanes 16-19 the centroid scales
+    static_assert(kSP == 4, "the lane split below assumes 4 pages per stage");
+    const int p = (lane >> 1) & (kSP - 1), half = lane & 1;
     const int64_t bh = bh_of(p);
-    if (lane < 16)
+    if (lane < 2 * kSP)
       cp_async16(&st.bscale[p][4 * half], S.basis_scale + bh * R + 4 * half, j0 + p < n_full);
-    else
+    else if (lane < 4 * kSP)
       cp_async16(&st.cscale[p][4 * half], S.coeff_scale + bh * R + 4 * half, j0 + p < n_full);
-    const int64_t bm = bh_of(lane & 7);
-    if (lane < 8) cp_async4(&st.muscale[lane], S.mu_scale + bm, j0 + lane < n_full);
+    const int pm = lane & (kSP - 1);
+    const int64_t bm = bh_of(pm);
+    if (lane >= 4 * kSP && lane < 5 * kSP)
+      cp_async4(&st.muscale[pm], S.mu_scale + bm, j0 + pm < n_full);
   }
 }
 
 // D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
-// Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in four stages
-// of 8 pages, two stages in flight (cp.async), so the loads of the next 8 pages overlap the
+// Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
+// kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
 // tensor-core work on the current ones.
 template <int D, int NT1>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -293,12 +304,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int NT3 = (NT1 + 1) / 2;  // n-tiles of 8 heads in the per-key product
   constexpr int GMAX = 4 * NT1;
   constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
-  constexpr int kStages = kPerWarp / 8;
+  constexpr int kStages = kPerWarp / kSP;
   __shared__ float qs[GMAX][D + 4];
   __shared__ float unscale[GMAX];
   __shared__ float sc[GMAX * kScoreChunk];
-  __shared__ float mt[kMmaWarps][8][GMAX + 1];     // q.mu per page of the stage
-  __shared__ float wy[kMmaWarps][8][R][GMAX + 1];  // scaled (V q)_k per page of the stage
+  __shared__ float mt[kMmaWarps][kSP][GMAX + 1];     // q.mu per page of the stage
+  __shared__ float wy[kMmaWarps][kSP][R][GMAX + 1];  // scaled (V q)_k per page of the stage
   extern __shared__ float4 dyn[];
   Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
 
@@ -312,11 +323,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   Stage<D>* my = stages + 2 * warp;
   // Block ids of the warp's 32 pages: lane l holds page jw + l (-1 past the full pages).
   const int32_t blk_all = (jw + lane < n_full) ? bt[jw + lane] : -1;
-  const int n_stages = jw < n_full ? min(kStages, (n_full - jw + 7) / 8) : 0;
+  const int n_stages = jw < n_full ? min(kStages, (n_full - jw + kSP - 1) / kSP) : 0;
   auto issue = [&](int s) {
     if (s < n_stages)
-      stage_load<D>(my[s & 1], S, H, h, jw + 8 * s, n_full,
-                    __shfl_sync(kFull, blk_all, 8 * s + (lane & 7)), lane);
+      stage_load<D>(my[s & 1], S, H, h, jw + kSP * s, n_full,
+                    __shfl_sync(kFull, blk_all, kSP * s + (lane & (kSP - 1))), lane);
     cp_async_commit();
   };
   issue(0);
@@ -356,22 +367,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 
   for (int s = 0; s < kStages; ++s) {
-    const int j0 = jw + 8 * s;
-    float* scw = sc + warp * kPerWarp + 8 * s;  // sc[g * 128 + ...]
-    if (s >= n_stages) {                        // warp-uniform: nothing of the sequence here
-      for (int e = lane; e < GMAX * 8; e += 32) scw[(e / 8) * kScoreChunk + e % 8] = kNegInf;
+    const int j0 = jw + kSP * s;
+    float* scw = sc + warp * kPerWarp + kSP * s;  // sc[g * 128 + ...]
+    if (s >= n_stages) {                          // warp-uniform: nothing of the sequence here
+      for (int e = lane; e < GMAX * kSP; e += 32) scw[(e / kSP) * kScoreChunk + e % kSP] = kNegInf;
       continue;
     }
     cp_async_wait<1>();
     __syncwarp();
     const Stage<D>& st = my[s & 1];
-    // (a) q.mu for the stage's 8 pages: A rows gid (rows gid + 8 are zero).
+    // (a) q.mu for the stage's pages: A rows gid < kSP (the other rows are zero).
     {
       uint32_t ra[KS * 2];
-      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid][(D / 4) * tig]);
+      const bool row_ok = gid < kSP;
+      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
 #pragma unroll
       for (int v = 0; v < D / 64; ++v) {
-        const uint4 u = src[v];
+        uint4 u = src[v];
+        if (!row_ok) u = make_uint4(0u, 0u, 0u, 0u);
         uint32_t o[4];
         int8x8_to_half2(u.x, u.y, o);
 #pragma unroll
@@ -387,14 +400,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         for (int k = 0; k < KS; ++k)
           mma16816(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
-        mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
+        if (row_ok) mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
       }
     }
     __syncwarp();
 
-    // (b) V q for the 4 pairs of pages on the tensor cores (two pairs in flight).
-#pragma unroll 2
-    for (int p = 0; p < 8; p += 2) {
+    // (b) V q for the pairs of pages of the stage on the tensor cores.
+#pragma unroll
+    for (int p = 0; p < kSP; p += 2) {
       uint32_t ra[2][KS * 2];
       float wsc[2];
 #pragma unroll
@@ -433,8 +446,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     // (c) per-key logits and each page's log-sum-exp, four pages in flight. The projected
     // query w = (V q)_k * scales stays far inside fp16's range for any sane logit scale;
     // its hi + lo split keeps ~22 bits.
-#pragma unroll 4
-    for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+    for (int jj = 0; jj < kSP; ++jj) {
       const int8_t* cq = st.coeff[jj];
       const char2 c0 = *reinterpret_cast<const char2*>(cq + gid * R + 2 * tig);
       const char2 c1 = *reinterpret_cast<const char2*>(cq + (gid + 8) * R + 2 * tig);
