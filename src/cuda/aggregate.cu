@@ -10,24 +10,37 @@ namespace {
 constexpr int kThreads = 128;  // one thread per page of a 128-page chunk
 static_assert(kThreads == kScoreChunk);
 
+// LSE_h of every (sequence, query head) from the scoring kernel's per-chunk partials: one
+// block per row, so the aggregation blocks read G values instead of G x n_chunks partials.
 __global__ void __launch_bounds__(kThreads)
-    aggregate_kernel(const float* __restrict__ hs, const float* __restrict__ chunk_lse,
-                     int n_chunks, int n_used, int M, int Hq, int Hkv, float* __restrict__ gs) {
+    lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
+               float* __restrict__ head_lse) {
+  __shared__ float sm[kThreads / 32], sl[kThreads / 32];
+  const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* cl = chunk_lse + (int64_t(b) * Hq + hq) * n_chunks * 2;
+  float m = kNegInf, l = 0.0f;
+  for (int c = threadIdx.x; c < n_used; c += kThreads) lse_merge(m, l, cl[2 * c], cl[2 * c + 1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    lse_merge(m, l, m2, l2);
+  }
+  if (lane == 0) sm[warp] = m, sl[warp] = l;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) lse_merge(m, l, sm[w], sl[w]);
+    head_lse[int64_t(b) * Hq + hq] = (m == kNegInf) ? kNegInf : m + logf(l);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    aggregate_kernel(const float* __restrict__ hs, const float* __restrict__ head_lse, int M,
+                     int Hq, int Hkv, float* __restrict__ gs) {
   __shared__ float lse[16];
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int g = warp; g < G; g += kThreads / 32) {
-    const float* cl = chunk_lse + (int64_t(b) * Hq + h * G + g) * n_chunks * 2;
-    float m = kNegInf, l = 0.0f;
-    for (int c = lane; c < n_used; c += 32) lse_merge(m, l, cl[2 * c], cl[2 * c + 1]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-      lse_merge(m, l, m2, l2);
-    }
-    if (lane == 0) lse[g] = (m == kNegInf) ? kNegInf : m + logf(l);
-  }
+  if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
   __syncthreads();
   const int j = chunk * kScoreChunk + threadIdx.x;
   if (j >= M) return;
@@ -54,13 +67,15 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
-                      const BatchView& batch, int Hq, int Hkv, float* group_scores,
+                      const BatchView& batch, int Hq, int Hkv, float* head_lse, float* group_scores,
                       cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, kScoreChunk);
+  lse_kernel<<<dim3(unsigned(Hq), unsigned(batch.batch_size)), kThreads, 0, st>>>(
+      chunk_lse, n_chunks, used, head_lse);
+  LOCKS_CUDA_LAUNCHED();
   const dim3 grid(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size));
-  aggregate_kernel<<<grid, kThreads, 0, st>>>(head_scores, chunk_lse, n_chunks, used, M, Hq, Hkv,
-                                              group_scores);
+  aggregate_kernel<<<grid, kThreads, 0, st>>>(head_scores, head_lse, M, Hq, Hkv, group_scores);
   LOCKS_CUDA_LAUNCHED();
 }
 

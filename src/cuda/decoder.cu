@@ -67,6 +67,7 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   head_scores_ = dev_alloc<float>(size_t(B) * Hq * M);
   chunk_lse_ = dev_alloc<float>(size_t(B) * Hq * score_chunks_ * 2);
   group_scores_ = dev_alloc<float>(size_t(B) * Hkv * M);
+  head_lse_ = dev_alloc<float>(size_t(B) * Hq);
   pages_ = dev_alloc<int32_t>(size_t(B) * Hkv * capacity_);
   counts_ = dev_alloc<int32_t>(size_t(B) * Hkv);
   cand_key_ = dev_alloc<uint32_t>(size_t(B) * Hkv * select_chunks_ * capacity_);
@@ -79,9 +80,9 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
 }
 
 Decoder::~Decoder() {
-  for (void* p :
-       {(void*)head_scores_, (void*)chunk_lse_, (void*)group_scores_, (void*)pages_, (void*)counts_,
-        (void*)cand_key_, (void*)cand_idx_, (void*)cand_cnt_, (void*)part_o_, (void*)part_ml_})
+  for (void* p : {(void*)head_scores_, (void*)chunk_lse_, (void*)group_scores_, (void*)head_lse_,
+                  (void*)pages_, (void*)counts_, (void*)cand_key_, (void*)cand_idx_,
+                  (void*)cand_cnt_, (void*)part_o_, (void*)part_ml_})
     cudaFree(p);
 }
 
@@ -127,7 +128,7 @@ void Decoder::score(const SummaryView& s, const BatchView& batch, const QueryVie
 void Decoder::aggregate(const BatchView& batch, cudaStream_t st) {
   check_batch(batch);
   detail::launch_aggregate(head_scores_, chunk_lse_, score_chunks_, batch, plan_.num_q_heads,
-                           plan_.cache.num_kv_heads, group_scores_, st);
+                           plan_.cache.num_kv_heads, head_lse_, group_scores_, st);
 }
 
 void Decoder::select(const BatchView& batch, cudaStream_t st) {

@@ -25,8 +25,9 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 void prepare_score_kernels();
 void prepare_attention_kernels();
 
+// head_lse: workspace [B, Hq] (each head's log-sum-exp over its pages).
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
-                      const BatchView& batch, int num_q_heads, int num_kv_heads,
+                      const BatchView& batch, int num_q_heads, int num_kv_heads, float* head_lse,
                       float* group_scores, cudaStream_t st);
 
 void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,

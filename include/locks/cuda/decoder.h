@@ -76,6 +76,7 @@ class Decoder {
   float* head_scores_ = nullptr;
   float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks, 2] (max, sum)
   float* group_scores_ = nullptr;
+  float* head_lse_ = nullptr;  // [max_batch, num_q_heads]
   int32_t* pages_ = nullptr;
   int32_t* counts_ = nullptr;
   uint32_t* cand_key_ = nullptr;  // [max_batch, num_kv_heads, select_chunks, capacity]
