@@ -33,7 +33,8 @@ void aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_h
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const float log_g = std::log(float(G));
   const int64_t groups = int64_t(batch.batch_size) * Hkv;
-#pragma omp parallel
+  // Threads only pay off beyond a few thousand scores (fork/join costs microseconds).
+#pragma omp parallel if (n >= 16384)
   {
     std::vector<float> lse(static_cast<size_t>(G));
 #pragma omp for schedule(static)

@@ -24,7 +24,10 @@ void attention_mass_recall(const KvCacheView& cache, const BatchView& batch, con
   const int G = Hq / Hkv;
   const int64_t n_rows = int64_t(batch.batch_size) * Hq;
 
-#pragma omp parallel
+  int64_t tokens = 0;
+  for (int b = 0; b < batch.batch_size; ++b) tokens += batch.seq_lens[b];
+    // Threads only pay off beyond ~1e5 (token, head) logits (fork/join costs microseconds).
+#pragma omp parallel if (tokens * Hq >= 100000)
   {
     std::vector<double> logit;
     std::vector<char> selected;

@@ -117,7 +117,8 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
   const int64_t items = int64_t(batch.batch_size) * Hkv * M;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-#pragma omp parallel
+  // Threads only pay off beyond a few hundred page scores (fork/join costs microseconds).
+#pragma omp parallel if (items * G >= 256)
   {
     std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
         qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P));

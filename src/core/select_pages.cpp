@@ -52,7 +52,8 @@ void select_pages(const float* group_scores, const BatchView& batch, int num_kv_
     LOCKS_REQUIRE(!std::isnan(group_scores[i]), "group_scores[", i, "] is NaN");
   }
 
-#pragma omp parallel
+  // Threads only pay off for many or long rows (fork/join costs microseconds).
+#pragma omp parallel if (groups * M >= 4096)
   {
     std::vector<char> chosen(static_cast<size_t>(M));
     std::vector<int32_t> cand(static_cast<size_t>(M));

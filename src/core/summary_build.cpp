@@ -53,7 +53,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
   const int64_t items = n_blocks * H;
   std::atomic<int64_t> bad_item{-1};  // a page with non-finite keys or summary, reported after
 
-#pragma omp parallel
+#pragma omp parallel if (items >= 4)  // one SVD is ~60 us: worth a thread from a few
   {
     Eigen::MatrixXd D(P, d), Rt(P, P), V(d, r);
     Eigen::HouseholderQR<Eigen::MatrixXd> qr(d, P);

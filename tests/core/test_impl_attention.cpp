@@ -2,6 +2,7 @@
 // across several flash-decoding chunks), agreement with the float64 reference, exact
 // scores at rank P - 1, and the decoder at full budget.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -164,6 +165,21 @@ TEST(ImplDecoder, FullBudgetEqualsDenseAndRecallIsOne) {
     EXPECT_LT(recall[h], 1.0);
   }
   EXPECT_GE(locks::cosine_similarity(out.data(), dense.data(), int64_t(out.size())), 0.0);
+}
+
+TEST(ImplAttention, ResultsDoNotDependOnTheThreadCount) {
+  Fixture f(locks::DType::bf16, {16 * 100 + 7, 16 * 3, 5});
+  std::vector<float> one(f.out_size()), many(f.out_size()), lse1(3 * f.Hq), lse2(3 * f.Hq);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  locks::cpu::decode_attention_dense(f.cache->view(), f.batch.view, f.qv(), 0.1f,
+                                     {one.data(), lse1.data()});
+  omp_set_num_threads(4);
+  locks::cpu::decode_attention_dense(f.cache->view(), f.batch.view, f.qv(), 0.1f,
+                                     {many.data(), lse2.data()});
+  omp_set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(lse1.data(), lse2.data(), lse1.size() * 4), 0);
 }
 
 }  // namespace
