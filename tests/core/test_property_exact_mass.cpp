@@ -60,9 +60,10 @@ TEST_P(ExactMass, FullRankScoresEqualExactLogMassAndSelectionEqualsOracle) {
           std::sort(cand.rbegin(), cand.rend());
           const int free_slots =
               k - cfg.sink_pages - cfg.recent_pages - (t.bv().seq_lens[b] % P != 0);
-          if (free_slots > 0 && free_slots < int(cand.size()))
+          if (free_slots > 0 && free_slots < int(cand.size())) {
             ASSERT_GT(cand[size_t(free_slots - 1)] - cand[size_t(free_slots)], 1e-3)
                 << "test data has a near-tie at the cutoff (seq " << b << ", head " << g << ")";
+          }
         }
       EXPECT_EQ(got.counts, oracle.counts);
       EXPECT_EQ(got.pages, oracle.pages);

@@ -53,7 +53,9 @@ void check_against_ref(const std::vector<float>& gs, const BatchView& bv, int H,
         continue;
       }
       EXPECT_EQ(int(sel.size()), k);
-      if (n_full < n_pages) EXPECT_TRUE(has(n_full)) << "tail page not attended";
+      if (n_full < n_pages) {
+        EXPECT_TRUE(has(n_full)) << "tail page not attended";
+      }
       for (int j = 0; j < cfg.sink_pages; ++j) EXPECT_TRUE(has(j)) << "sink page " << j;
       for (int j = n_full - cfg.recent_pages; j < n_full; ++j)
         EXPECT_TRUE(has(j)) << "recent page " << j;
