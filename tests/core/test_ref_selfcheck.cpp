@@ -133,5 +133,36 @@ TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
   }
 }
 
+TEST(TestData, StructuredPagesAreLocallyLowRankButGloballyHighRank) {
+  // The premise the structured caches model: each page's centred keys live (up to 0.05 noise)
+  // in a 2-4 dimensional subspace, while the pages together span many more directions.
+  CacheSpec sp;
+  sp.structured = true;
+  sp.num_kv_heads = 1;
+  sp.num_q_heads = 1;
+  sp.seq_lens = {16 * 12};
+  TestCache t = make_cache(sp);
+  const int P = 16, d = 64;
+  Eigen::MatrixXd all(16 * 12, d);
+  for (int j = 0; j < 12; ++j) {
+    const ref::PageSummary64 s = ref::summary_build_page(t.view(), t.block_of(0, j), 0, 4);
+    double total = 0, beyond4 = 0;
+    for (int k = 0; k < P; ++k) {
+      total += s.sigma[size_t(k)] * s.sigma[size_t(k)];
+      if (k >= 4) beyond4 += s.sigma[size_t(k)] * s.sigma[size_t(k)];
+    }
+    // Noise energy 0.05^2 * P * d = 2.6 spread over 15 directions vs ~150 of signal: ~1%.
+    EXPECT_LT(beyond4, 0.03 * total) << "page " << j;
+    for (int i = 0; i < P; ++i)
+      for (int c = 0; c < d; ++c)
+        all(j * P + i, c) = t.keys[0][size_t(j * P + i) * d + c] - s.mu[size_t(c)];
+  }
+  // Globally: 12 pages x 2-4 directions; the top 8 directions leave much of the energy out.
+  Eigen::JacobiSVD<Eigen::MatrixXd> svd(all);
+  const Eigen::VectorXd sv = svd.singularValues();
+  double total = sv.squaredNorm(), top8 = sv.head(8).squaredNorm();
+  EXPECT_LT(top8, 0.8 * total);
+}
+
 }  // namespace
 }  // namespace locks::test

@@ -74,8 +74,8 @@ TEST(AggregateGqa, RandomScoresMatchReference) {
 }
 
 TEST(AggregateGqa, GroupSizes148OnStructuredCache) {
-  // Full score -> aggregate pipeline; the relevant pages of a group must get the group's
-  // largest scores (they are aligned with every head of the group).
+  // Full score -> aggregate pipeline, fp32 and quant summaries; the relevant pages of a group must
+  // get the group's largest scores (they are aligned with every head of the group).
   for (int G : {1, 4, 8}) {
     CacheSpec sp;
     sp.structured = true;
@@ -84,20 +84,22 @@ TEST(AggregateGqa, GroupSizes148OnStructuredCache) {
     sp.seq_lens = {16 * 9 + 3, 16 * 7};
     sp.seed = 40 + uint64_t(G);
     TestCache t = make_cache(sp);
-    SummaryStore store = build_summaries(t, 8, Precision::fp32);
-    const int M = t.max_blocks(), B = t.bv().batch_size;
-    std::vector<float> hs(size_t(B) * sp.num_q_heads * M);
-    cpu::score_pages(store.view(), t.bv(), t.qv(), t.scale(), hs.data());
-    SCOPED_TRACE(testing::Message() << "G = " << G);
-    check_aggregate(hs, t.bv(), sp.num_q_heads, 2);
-    std::vector<float> gs(size_t(B) * 2 * M);
-    cpu::aggregate_gqa(hs.data(), t.bv(), sp.num_q_heads, 2, gs.data());
-    for (auto [s, j] : t.relevant) {
-      for (int g = 0; g < 2; ++g) {
-        const float* row = gs.data() + (size_t(s) * 2 + g) * M;
-        int better = 0;  // pages scoring above the relevant one
-        for (int jj = 0; jj < M; ++jj) better += row[jj] > row[j];
-        EXPECT_LT(better, sp.relevant_per_seq) << "relevant page " << j << " of seq " << s;
+    for (Precision prec : {Precision::fp32, Precision::quant}) {
+      SummaryStore store = build_summaries(t, 8, prec);
+      const int M = t.max_blocks(), B = t.bv().batch_size;
+      std::vector<float> hs(size_t(B) * sp.num_q_heads * M);
+      cpu::score_pages(store.view(), t.bv(), t.qv(), t.scale(), hs.data());
+      SCOPED_TRACE(testing::Message() << "G = " << G << " " << precision_name(prec));
+      check_aggregate(hs, t.bv(), sp.num_q_heads, 2);
+      std::vector<float> gs(size_t(B) * 2 * M);
+      cpu::aggregate_gqa(hs.data(), t.bv(), sp.num_q_heads, 2, gs.data());
+      for (auto [s, j] : t.relevant) {
+        for (int g = 0; g < 2; ++g) {
+          const float* row = gs.data() + (size_t(s) * 2 + g) * M;
+          int better = 0;  // pages scoring above the relevant one
+          for (int jj = 0; jj < M; ++jj) better += row[jj] > row[j];
+          EXPECT_LT(better, sp.relevant_per_seq) << "relevant page " << j << " of seq " << s;
+        }
       }
     }
   }
