@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   constexpr int NV = D / 8;        // n-tiles of the output
   extern __shared__ uint4 abuf[];  // pipeline stages; reused for the warps' outputs at the end
   __shared__ float sml[kWarps][16][2];
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
   const int G = a.Hq / a.H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
@@ -406,7 +406,9 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
              part_ml};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
-  const dim3 grid(unsigned(used), unsigned(L.num_kv_heads), unsigned(batch.batch_size));
+  // KV heads vary fastest across the grid: the blocks in flight then read all heads of the
+  // same pages, i.e. whole contiguous blocks of the cache, not 256-byte rows 2 KB apart.
+  const dim3 grid(unsigned(L.num_kv_heads), unsigned(used), unsigned(batch.batch_size));
   if (L.dtype == DType::bf16) {
     if (L.head_dim == 128)
       launch_t<__nv_bfloat16, 128>(a, grid, st);

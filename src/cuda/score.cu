@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
                   int Hq, float scale, float* head_scores, float* chunk_lse, int n_chunks) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
   const int G = Hq / H, ld = d + 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* qs = sm;                    // [G][ld], pre-multiplied by scale * log2(e)
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   extern __shared__ float4 dyn[];
   Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
 
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
   const int G = Hq / H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
@@ -507,7 +507,9 @@ template <int D, int NT1>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                 float* hs, float* cl, int n_chunks, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
-  const dim3 grid(unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)), unsigned(H),
+  // KV heads vary fastest across the grid, so the blocks in flight read the summaries of
+  // all heads of the same pages (adjacent in memory) rather than one head across far pages.
+  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)),
                   unsigned(batch.batch_size));
   score_mma<D, NT1><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
@@ -565,7 +567,9 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
                          size_t(kGenWarps) * ((r + 1) * (d + 1) + P * r + (r + 1) * G));
     LOCKS_REQUIRE(smem <= size_t(kGenericSmemMax), "generic scoring needs ", smem,
                   " bytes of shared memory (max ", kGenericSmemMax, ")");
-    const dim3 grid(unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)), unsigned(H),
+    // KV heads vary fastest across the grid, so the blocks in flight read the summaries of
+    // all heads of the same pages (adjacent in memory) rather than one head across far pages.
+    const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)),
                     unsigned(batch.batch_size));
     score_generic<<<grid, kGenWarps * 32, smem, st>>>(
         sum_view(s), L.precision == Precision::quant, H, d, r, P, batch.block_table,

@@ -29,6 +29,8 @@ std::string name(const OpCase& c) {
          "_" + precision_name(c.prec) + "_" + dtype_name(c.dtype);
 }
 
+void PrintTo(const OpCase& c, std::ostream* os) { *os << name(c); }
+
 class DecodeOpsTest : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {

@@ -18,6 +18,12 @@ struct BuildCase {
   float decay;  // < 1: structured pages with separated singular values; 1: flat
 };
 
+void PrintTo(const BuildCase& c, std::ostream* os) {
+  *os << dtype_name(c.dtype) << " d" << c.d
+      << (c.solver == cuda::Solver::warp_jacobi ? " warp_jacobi" : " cusolver") << " decay "
+      << c.decay;
+}
+
 class SummaryBuildTest : public ::testing::TestWithParam<BuildCase> {};
 
 // Reconstruction of the centred keys from a summary: sum_k c_ik basis_k (float64).
