@@ -23,7 +23,7 @@ int run_synth_cmd(const std::vector<std::string>& args) {
   namespace fs = std::filesystem;
   using namespace locks::eval;
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::cout << kUsage;
+    (args.empty() ? std::cerr : std::cout) << kUsage;  // no arguments is a usage error
     return args.empty() ? 2 : 0;
   }
   locks::cli::Args o(args,
