@@ -31,17 +31,26 @@ struct Scratch {
   float* proj;    // [G * r]
   float* qmu;     // [G]
   float* logits;  // [P]
+  float* ct;      // [r * P]
 };
+
+// ct[k * P + i] = float(coeff[i * r + k]): the page's coefficients transposed once per page
+// (shared by the G query heads) so that the per-head loop over keys is contiguous.
+template <typename C>
+inline void transpose_coeff(const C* coeff, int P, int r, float* ct) {
+  for (int i = 0; i < P; ++i)
+    for (int k = 0; k < r; ++k) ct[k * P + i] = float(coeff[i * r + k]);
+}
 
 // logits_i = (q.mu + sum_k proj_k c_ik) * scale for one query head, then their LSE.
 // proj already holds the coefficient scales in quant mode (c_ik = coeff_scale_k * code).
-template <typename C>
-inline float page_lse(float qmu, const float* proj, const C* coeff, int P, int r, float scale,
+inline float page_lse(float qmu, const float* proj, const float* ct, int P, int r, float scale,
                       float* logits) {
   for (int i = 0; i < P; ++i) logits[i] = 0.0f;
-  for (int k = 0; k < r; ++k) {  // k outer: the loop over the page's keys vectorizes
+  for (int k = 0; k < r; ++k) {
     const float pk = proj[k];
-    for (int i = 0; i < P; ++i) logits[i] += pk * float(coeff[int64_t(i) * r + k]);
+    const float* row = ct + k * P;
+    for (int i = 0; i < P; ++i) logits[i] += pk * row[i];
   }
   for (int i = 0; i < P; ++i) logits[i] = (qmu + logits[i]) * scale;
   return log_sum_exp(logits, P);
@@ -54,12 +63,12 @@ void score_fp32(const SummaryView& S, int64_t bh, const float* qg, int G, float 
   const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
   const float* mu = S.mu + bh * d;
   const float* basis = S.basis + bh * r * d;
-  const float* coeff = S.coeff + bh * P * r;
+  transpose_coeff(S.coeff + bh * P * r, P, r, w.ct);
   for (int h = 0; h < G; ++h) {
     const float* qh = qg + int64_t(h) * d;
     const float qmu = detail::dot(qh, mu, d);
     for (int k = 0; k < r; ++k) w.proj[k] = detail::dot(qh, basis + int64_t(k) * d, d);
-    dst[int64_t(h) * M] = page_lse(qmu, w.proj, coeff, P, r, scale, w.logits);
+    dst[int64_t(h) * M] = page_lse(qmu, w.proj, w.ct, P, r, scale, w.logits);
   }
 }
 
@@ -73,7 +82,7 @@ void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float
   const int8_t* mu_q = S.mu_q + bh * d;
   const uint8_t* basis_q = S.basis_q + bh * r * (d / 2);
   const float* basis_scale = S.basis_scale + bh * r;
-  const int8_t* coeff_q = S.coeff_q + bh * P * r;
+  transpose_coeff(S.coeff_q + bh * P * r, P, r, w.ct);
   const float* coeff_scale = S.coeff_scale + bh * r;
   for (int e = 0; e < d; ++e) w.row[e] = float(mu_q[e]);
   for (int h = 0; h < G; ++h)
@@ -88,7 +97,7 @@ void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float
     for (int h = 0; h < G; ++h) w.proj[h * r + k] = s * detail::dot(qg + int64_t(h) * d, w.row, d);
   }
   for (int h = 0; h < G; ++h)
-    dst[int64_t(h) * M] = page_lse(w.qmu[h], w.proj + h * r, coeff_q, P, r, scale, w.logits);
+    dst[int64_t(h) * M] = page_lse(w.qmu[h], w.proj + h * r, w.ct, P, r, scale, w.logits);
 }
 
 }  // namespace
@@ -121,12 +130,14 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
 #pragma omp parallel if (items * G >= 256)
   {
     std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
-        qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P));
-    const Scratch w{row.data(), proj.data(), qmu.data(), logits.data()};
+        qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P)), ct(static_cast<size_t>(r) * P);
+    const Scratch w{row.data(), proj.data(), qmu.data(), logits.data(), ct.data()};
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      const int j = static_cast<int>(item % M);
-      const int g = static_cast<int>((item / M) % Hkv);
+      // KV head fastest: summaries are stored [block, head], so consecutive items read
+      // consecutive memory (hardware prefetch follows) when the block ids ascend.
+      const int g = static_cast<int>(item % Hkv);
+      const int j = static_cast<int>((item / Hkv) % M);
       const int b = static_cast<int>(item / (int64_t(M) * Hkv));
       const int full_pages = batch.seq_lens[b] / P;
       float* dst = head_scores + (int64_t(b) * Hq + int64_t(g) * G) * M + j;  // head g*G
