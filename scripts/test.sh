@@ -12,3 +12,5 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
+# Python package (torch operators, transformers drop-in, SmolLM2 tests): pytest.
+scripts/python_tests.sh
