@@ -7,8 +7,9 @@
 // merged in order. The cut depends only on the page list, never on the thread count, so
 // results are reproducible run to run, and dense (the same code over every page) equals
 // sparse with every page selected bit for bit. A long single sequence thus spreads over
-// all cores; a page's K/V rows are converted to float once per chunk and reused by the
-// whole query-head group.
+// all cores. A work item is one chunk index of one sequence across all its KV heads, pages
+// visited position-major, so dense reads each block front to back; a page's K/V rows are
+// converted to float once and reused by the whole query-head group.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,7 +25,7 @@
 namespace locks::cpu {
 namespace {
 
-constexpr int kChunkPages = 32;
+constexpr int kChunkPages = 16;
 constexpr int kAhead = 1;  // pages prefetched ahead (2 measured no better)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -45,10 +46,6 @@ void prefetch_page(const KvCacheView& cache, int32_t block, int g) {
   }
 }
 
-struct Item {
-  int b, g, chunk;
-};
-
 struct Scratch {
   float* kbuf;
   float* vbuf;
@@ -57,64 +54,93 @@ struct Scratch {
   const float** vrow;
 };
 
-// Online softmax over pages list[i0..i1) (or i0..i1 when list is null) of one sequence and
-// KV head, for its G query heads; state per head: [m, l, acc[d]] at st + h * (d + 2).
-LOCKS_SIMD_CLONES
-void attend_chunk(const KvCacheView& cache, const int32_t* table, int32_t len, const int32_t* list,
-                  int i0, int i1, int g, const float* qg, int G, float scale, float* st,
-                  const Scratch& w) {
+// One page of one KV head folded into the online-softmax states of its G query heads;
+// state per head: [m, l, acc[d]] at st + h * (d + 2).
+// always_inline: the callers are SIMD clones; an out-of-line copy would be baseline x86-64.
+[[gnu::always_inline]] inline void attend_page(const KvCacheView& cache, int32_t block, int n,
+                                               int g, const float* qg, int G, float scale,
+                                               float* st, const Scratch& w) {
   const CacheLayout& L = cache.layout;
-  const int P = L.page_size, d = L.head_dim;
+  const int d = L.head_dim;
   const int64_t stride = d + 2;
-  for (int h = 0; h < G; ++h) {
-    float* sh = st + h * stride;
-    sh[0] = kNegInf;
-    sh[1] = 0.0f;
-    std::fill(sh + 2, sh + stride, 0.0f);
+  for (int s = 0; s < n; ++s) {
+    const int64_t off = L.offset(block, s, g);
+    w.krow[s] = detail::load_row(cache.k, L.dtype, off, d, w.kbuf + s * d);
+    w.vrow[s] = detail::load_row(cache.v, L.dtype, off, d, w.vbuf + s * d);
   }
-  for (int i = i0; i < i1; ++i) {
-    const int j = list ? list[i] : i;
-    const int32_t block = table[j];
-    const int n = std::min(P, len - j * P);  // valid tokens of this page
-    if (i + kAhead < i1) prefetch_page(cache, table[list ? list[i + kAhead] : i + kAhead], g);
+  for (int h = 0; h < G; ++h) {
+    const float* qh = qg + int64_t(h) * d;
+    float* sh = st + h * stride;
+    float* acc = sh + 2;
+    float mx = kNegInf;
     for (int s = 0; s < n; ++s) {
-      const int64_t off = L.offset(block, s, g);
-      w.krow[s] = detail::load_row(cache.k, L.dtype, off, d, w.kbuf + s * d);
-      w.vrow[s] = detail::load_row(cache.v, L.dtype, off, d, w.vbuf + s * d);
+      const float x = detail::dot(qh, w.krow[s], d) * scale;
+      w.logits[s] = x;
+      mx = x > mx ? x : mx;
     }
-    for (int h = 0; h < G; ++h) {
-      const float* qh = qg + int64_t(h) * d;
-      float* sh = st + h * stride;
-      float* acc = sh + 2;
-      float mx = kNegInf;
+    if (mx > sh[0]) {  // new running max: rescale what was accumulated so far
+      const float corr = std::exp(sh[0] - mx);
+      sh[1] *= corr;
+      for (int e = 0; e < d; ++e) acc[e] *= corr;
+      sh[0] = mx;
+    }
+    const float m = sh[0];
+    float l = sh[1];
+    for (int s = 0; s < n; ++s) w.logits[s] = detail::exp_nonpos(w.logits[s] - m);
+    for (int s = 0; s < n; ++s) l += w.logits[s];
+    sh[1] = l;
+    // acc += sum_s p_s v_s, 16 output dims at a time kept in registers over the page.
+    constexpr int B = 16;  // head_dim is a multiple of 32
+    for (int e0 = 0; e0 < d; e0 += B) {
+      float t[B];
+      for (int e = 0; e < B; ++e) t[e] = acc[e0 + e];
       for (int s = 0; s < n; ++s) {
-        const float x = detail::dot(qh, w.krow[s], d) * scale;
-        w.logits[s] = x;
-        mx = x > mx ? x : mx;
+        const float p = w.logits[s];
+        const float* v = w.vrow[s] + e0;
+        for (int e = 0; e < B; ++e) t[e] += p * v[e];
       }
-      if (mx > sh[0]) {  // new running max: rescale what was accumulated so far
-        const float corr = std::exp(sh[0] - mx);
-        sh[1] *= corr;
-        for (int e = 0; e < d; ++e) acc[e] *= corr;
-        sh[0] = mx;
-      }
-      const float m = sh[0];
-      float l = sh[1];
-      for (int s = 0; s < n; ++s) w.logits[s] = detail::exp_nonpos(w.logits[s] - m);
-      for (int s = 0; s < n; ++s) l += w.logits[s];
-      sh[1] = l;
-      // acc += sum_s p_s v_s, 16 output dims at a time kept in registers over the page.
-      constexpr int B = 16;  // head_dim is a multiple of 32
-      for (int e0 = 0; e0 < d; e0 += B) {
-        float t[B];
-        for (int e = 0; e < B; ++e) t[e] = acc[e0 + e];
-        for (int s = 0; s < n; ++s) {
-          const float p = w.logits[s];
-          const float* v = w.vrow[s] + e0;
-          for (int e = 0; e < B; ++e) t[e] += p * v[e];
-        }
-        for (int e = 0; e < B; ++e) acc[e0 + e] = t[e];
-      }
+      for (int e = 0; e < B; ++e) acc[e0 + e] = t[e];
+    }
+  }
+}
+
+// Chunk c of every KV head of sequence b: list positions [c K, (c + 1) K) of each head's page
+// list (pages == nullptr: every page in order). Pages are visited position-major across the
+// heads, so that with the same page for every head (dense) a block is read front to back.
+LOCKS_SIMD_CLONES
+void attend_chunk(const KvCacheView& cache, const BatchView& batch, const QueryView& q, float scale,
+                  const int32_t* pages, int capacity, const int32_t* n_sel, const int64_t* first,
+                  int b, int c, float* part, const Scratch& w) {
+  const CacheLayout& L = cache.layout;
+  const int P = L.page_size, Hkv = L.num_kv_heads, d = L.head_dim;
+  const int Hq = q.num_q_heads, G = Hq / Hkv;
+  const int64_t stride = d + 2;
+  const int32_t len = batch.seq_lens[b];
+  const int32_t* table = batch.block_table + int64_t(b) * batch.block_table_stride;
+  const int i0 = c * kChunkPages;
+  for (int g = 0; g < Hkv; ++g) {
+    const int64_t bg = int64_t(b) * Hkv + g;
+    if (i0 >= n_sel[bg]) continue;
+    float* st = part + (first[bg] + c) * G * stride;
+    for (int h = 0; h < G; ++h) {
+      float* sh = st + h * stride;
+      sh[0] = kNegInf;
+      sh[1] = 0.0f;
+      std::fill(sh + 2, sh + stride, 0.0f);
+    }
+  }
+  for (int i = i0; i < i0 + kChunkPages; ++i) {
+    for (int g = 0; g < Hkv; ++g) {
+      const int64_t bg = int64_t(b) * Hkv + g;
+      const int i1 = n_sel[bg];
+      if (i >= i1) continue;
+      const int32_t* list = pages ? pages + bg * capacity : nullptr;
+      const int j = list ? list[i] : i;
+      if (i + kAhead < std::min(i1, i0 + kChunkPages))
+        prefetch_page(cache, table[list ? list[i + kAhead] : i + kAhead], g);
+      attend_page(cache, table[j], std::min(P, len - j * P), g,
+                  q.q + (int64_t(b) * Hq + int64_t(g) * G) * d, G, scale,
+                  part + (first[bg] + c) * G * stride, w);
     }
   }
 }
@@ -127,28 +153,34 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
   const int Hq = q.num_q_heads, G = Hq / Hkv;
   const int64_t groups = int64_t(batch.batch_size) * Hkv;
 
-  // Chunk list and the offset of each group's first chunk.
+  // Chunks per (sequence, KV head), the offset of each one's first chunk state, and the
+  // work items: (sequence, chunk index) up to the most chunks of any head of the sequence.
   std::vector<int32_t> n_sel(static_cast<size_t>(groups));
   std::vector<int64_t> first(static_cast<size_t>(groups) + 1, 0);
-  for (int64_t bg = 0; bg < groups; ++bg) {
-    const int b = static_cast<int>(bg / Hkv);
-    n_sel[size_t(bg)] = pages ? counts[bg] : detail::num_pages(batch.seq_lens[b], P);
-    first[size_t(bg) + 1] = first[size_t(bg)] + (n_sel[size_t(bg)] + kChunkPages - 1) / kChunkPages;
-  }
-  const int64_t n_items = first[size_t(groups)];
-  std::vector<Item> items(static_cast<size_t>(n_items));
-  for (int64_t bg = 0; bg < groups; ++bg)
-    for (int64_t c = first[size_t(bg)]; c < first[size_t(bg) + 1]; ++c)
-      items[size_t(c)] = {static_cast<int>(bg / Hkv), static_cast<int>(bg % Hkv),
-                          static_cast<int>(c - first[size_t(bg)])};
-  // Partial state per (item, query head of the group): [m, l, acc[d]].
-  const int64_t stride = d + 2;
-  std::vector<float> part(static_cast<size_t>(n_items * G * stride));
+  struct Item {
+    int b, c;
+  };
+  std::vector<Item> items;
   int64_t work = 0;  // page x query-head units, ~1 us each at d = 128
-  for (int32_t n : n_sel) work += int64_t(n) * G;
+  for (int b = 0; b < batch.batch_size; ++b) {
+    int most = 0;
+    for (int g = 0; g < Hkv; ++g) {
+      const int64_t bg = int64_t(b) * Hkv + g;
+      const int32_t n = pages ? counts[bg] : detail::num_pages(batch.seq_lens[b], P);
+      n_sel[size_t(bg)] = n;
+      const int chunks = (n + kChunkPages - 1) / kChunkPages;
+      first[size_t(bg) + 1] = first[size_t(bg)] + chunks;
+      most = std::max(most, chunks);
+      work += int64_t(n) * G;
+    }
+    for (int c = 0; c < most; ++c) items.push_back({b, c});
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  // Partial state per (sequence, KV head, chunk, query head of the group): [m, l, acc[d]].
+  const int64_t stride = d + 2;
+  std::vector<float> part(static_cast<size_t>(first[size_t(groups)] * G * stride));
 
-    // Threads only pay off beyond a few dozen page x head units (fork/join costs microseconds).
-
+  // Threads only pay off beyond a few dozen page x head units (fork/join costs microseconds).
 #pragma omp parallel if (n_items > 1 && work >= 32)
   {
     std::vector<float> kbuf(static_cast<size_t>(P) * d), vbuf(static_cast<size_t>(P) * d);
@@ -157,15 +189,8 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
     Scratch scratch{kbuf.data(), vbuf.data(), logits.data(), krow.data(), vrow.data()};
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
-      const Item item = items[size_t(it)];
-      const int64_t bg = int64_t(item.b) * Hkv + item.g;
-      const int32_t* list = pages ? pages + bg * capacity : nullptr;
-      const int i0 = item.chunk * kChunkPages;
-      const int i1 = std::min(n_sel[size_t(bg)], i0 + kChunkPages);
-      attend_chunk(cache, batch.block_table + int64_t(item.b) * batch.block_table_stride,
-                   batch.seq_lens[item.b], list, i0, i1, item.g,
-                   q.q + (int64_t(item.b) * Hq + int64_t(item.g) * G) * d, G, scale,
-                   part.data() + it * G * stride, scratch);
+      attend_chunk(cache, batch, q, scale, pages, capacity, n_sel.data(), first.data(),
+                   items[size_t(it)].b, items[size_t(it)].c, part.data(), scratch);
     }
 
     // Merge each query head's chunk states in chunk order.
