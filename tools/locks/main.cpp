@@ -37,9 +37,9 @@ void print_usage(std::ostream& os) {
         "LOCKS: page-local compact key summaries for long-context decode (CPU tools).\n\n"
         "commands:\n";
   for (const Command& c : sorted_commands()) {
-    os << "  " << c.name
-       << std::string(c.name ? std::max<size_t>(2, 10 - std::strlen(c.name)) : 2, ' ') << c.summary
-       << "\n";
+    // Pad names to a 10-column field; long names get two spaces (no unsigned wrap-around).
+    const size_t len = std::strlen(c.name);
+    os << "  " << c.name << std::string(len < 8 ? 10 - len : 2, ' ') << c.summary << "\n";
   }
   os << "\nRun 'locks <command> --help' for a command's options.\n"
         "Exit status: 0 success, 1 bad input data, 2 usage error.\n";
