@@ -8,6 +8,34 @@
 
 namespace locks {
 
+namespace {
+
+// Converts n floats to dtype t into out; returns the index of the first element that is
+// not finite once stored (NaN/Inf, or a finite float beyond fp16/bf16 range), else -1.
+// One loop per dtype (no per-element switch); the check is a flag, located only on failure.
+int64_t convert_checked(const float* x, int64_t n, DType t, uint8_t* out) {
+  bool ok = true;
+  if (t == DType::f32) {
+    std::memcpy(out, x, size_t(n) * 4);
+    for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
+  } else {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out);
+    const uint16_t exp_mask = t == DType::f16 ? 0x7C00u : 0x7F80u;  // all ones: Inf/NaN
+    if (t == DType::f16) {
+      for (int64_t i = 0; i < n; ++i) o[i] = float_to_half(x[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(x[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) ok &= (o[i] & exp_mask) != exp_mask;
+  }
+  if (ok) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(load_as_float(out, t, i))) return i;
+  return -1;  // unreachable
+}
+
+}  // namespace
+
 PagedKvCache::PagedKvCache(const CacheLayout& layout) : layout_(layout) {
   validate_layout(layout_);
   const size_t bytes = size_t(layout_.num_blocks) * size_t(layout_.block_elems()) *
@@ -50,15 +78,11 @@ std::vector<int32_t> PagedKvCache::append(int seq, const float* k, const float* 
   // the cache as it was.
   const int es = dtype_size(layout_.dtype);
   std::vector<uint8_t> ks(size_t(n) * es), vs(size_t(n) * es);
-  for (int64_t i = 0; i < n; ++i) {
-    store_from_float(ks.data(), layout_.dtype, i, k[i]);
-    store_from_float(vs.data(), layout_.dtype, i, v[i]);
-    LOCKS_REQUIRE(std::isfinite(load_as_float(ks.data(), layout_.dtype, i)), "key at token ",
-                  i / row, " (element ", i, ") is ", k[i], ": not finite in ",
-                  dtype_name(layout_.dtype));
-    LOCKS_REQUIRE(std::isfinite(load_as_float(vs.data(), layout_.dtype, i)), "value at token ",
-                  i / row, " (element ", i, ") is ", v[i], ": not finite in ",
-                  dtype_name(layout_.dtype));
+  for (int which = 0; which < 2; ++which) {
+    const float* src = which == 0 ? k : v;
+    const int64_t bad = convert_checked(src, n, layout_.dtype, which == 0 ? ks.data() : vs.data());
+    LOCKS_REQUIRE(bad < 0, which == 0 ? "key" : "value", " at token ", bad / row, " (element ", bad,
+                  ") is ", src[bad < 0 ? 0 : bad], ": not finite in ", dtype_name(layout_.dtype));
   }
   std::vector<int32_t>& mine = blocks_[size_t(seq)];
   const int P = layout_.page_size;
