@@ -2,7 +2,10 @@
 // (the selected pages only). One query token per sequence; fp32 accumulation with an
 // online (streaming) softmax, numerically stable for any logit range.
 // Dense attention is the sparse kernel run over every page in order, so sparse with all
-// pages selected equals dense bit for bit.
+// pages selected equals dense bit for bit. CPU: the page list is cut into fixed 16-page
+// chunks merged in order (flash-decoding), so results do not depend on the thread count.
+// Sparse requires, per (sequence, KV head), 1 <= count <= capacity and strictly ascending
+// page indices within the sequence.
 #pragma once
 
 #include <cstdint>

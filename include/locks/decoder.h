@@ -28,7 +28,9 @@ class Decoder {
   // batch.max_blocks_per_seq <= the planned value.
   void run(const KvCacheView& cache, const SummaryView& summaries, const BatchView& batch,
            const QueryView& q, const AttentionOutput& out);
-  // Results of the last run (host memory owned by the decoder).
+  // Results of the last run (host memory owned by the decoder); the score vectors are sized
+  // [batch, heads, batch.max_blocks_per_seq] of that run, the selection [max_batch, KV heads,
+  // capacity] with the run's batch in its first rows. Not thread-safe: one run at a time.
   Selection selection();
   const std::vector<float>& head_scores() const { return head_scores_; }
   const std::vector<float>& group_scores() const { return group_scores_; }
