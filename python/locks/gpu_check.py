@@ -21,6 +21,13 @@ import torch
 from . import ops
 
 R: dict = {}
+OUT = {"dir": "."}
+
+
+def _dump(what):
+    os.makedirs(OUT["dir"], exist_ok=True)
+    with open(os.path.join(OUT["dir"], f"gpu_{what}.json"), "w") as f:
+        json.dump(R, f, indent=2, default=str)
 
 
 def section(name):
@@ -33,6 +40,7 @@ def section(name):
                 R[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
             R[name] = {**R[name], "seconds": round(time.perf_counter() - t0, 2)} if isinstance(R[name], dict) else R[name]
             print(name, json.dumps(R[name], default=str)[:1500], flush=True)
+            _dump(OUT.get("what", "run"))
         return run
     return deco
 
@@ -264,6 +272,7 @@ def model_cuda_graph(model, tok, budget=512, steps=16):
 def main(argv=None):
     argv = argv or sys.argv[1:]
     what, out = argv[0], argv[argv.index("--out") + 1] if "--out" in argv else "."
+    OUT.update(dir=out, what=what)
     R["env"] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                 "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     try:
@@ -279,9 +288,7 @@ def main(argv=None):
         model_batch4(model, tok)
         model_cuda_graph(model, tok)
         model_teacher_forced(model, tok)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"gpu_{what}.json"), "w") as f:
-        json.dump(R, f, indent=2, default=str)
+    _dump(what)
 
 
 if __name__ == "__main__":
