@@ -226,8 +226,9 @@ def model_cuda_graph(model, tok, budget=512, steps=16):
     enc = tok(prompts, return_tensors="pt", padding=True).to("cuda")
     cfg = hf.LocksConfig(budget=budget, reserve_tokens=steps + 64)
     cache = hf.LocksCache(model.config, cfg)
-    with torch.inference_mode():
-        out = model(**enc, use_cache=True, **{kw: cache})
+    with torch.inference_mode():  # positions as generate makes them: real tokens only
+        pos0 = (enc.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = model(**enc, position_ids=pos0, use_cache=True, **{kw: cache})
     first = out.logits[:, -1].argmax(-1, keepdim=True)
     eager_c, graph_c, warm_c = copy.deepcopy(cache), copy.deepcopy(cache), copy.deepcopy(cache)
     layer0 = lambda c: c.layers[0]  # noqa: E731
