@@ -2,6 +2,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <vector>
 
 #include "locks/attention.h"
@@ -15,12 +16,12 @@ namespace {
 
 const at::Device kCpu(at::kCPU);
 
-void summary_build_cpu(const at::Tensor& k_cache, const at::Tensor& block_ids, at::Tensor& mu,
-                       at::Tensor& basis, at::Tensor& coeff) {
+void build(const at::Tensor& k_cache, const at::Tensor& block_ids,
+           const std::function<locks::SummaryView(const locks::CacheLayout&)>& view) {
   const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
   TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
   require(block_ids, "block_ids", at::kInt, 1, kCpu);
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+  const locks::SummaryView s = view(layout);
   if (block_ids.numel() == 0) return;
   const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
   translate_errors([&] {
@@ -28,13 +29,12 @@ void summary_build_cpu(const at::Tensor& k_cache, const at::Tensor& block_ids, a
   });
 }
 
-void summary_update_cpu(const at::Tensor& k_cache, const at::Tensor& block_table,
-                        const at::Tensor& seq_lens, at::Tensor& mu, at::Tensor& basis,
-                        at::Tensor& coeff) {
+void update(const at::Tensor& k_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
+            const std::function<locks::SummaryView(const locks::CacheLayout&)>& view) {
   const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
   TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
   const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+  const locks::SummaryView s = view(layout);
   translate_errors([&] { locks::validate_batch(layout, batch); });
   std::vector<int32_t> filled;
   for (int b = 0; b < batch.batch_size; ++b) {
@@ -50,19 +50,11 @@ void summary_update_cpu(const at::Tensor& k_cache, const at::Tensor& block_table
   });
 }
 
-void select_pages_cpu(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& basis,
-                      const at::Tensor& coeff, const at::Tensor& block_table,
-                      const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
-                      int64_t recent_pages, double scale, at::Tensor& pages, at::Tensor& counts) {
-  TORCH_CHECK_VALUE(mu.dim() == 3 && coeff.dim() == 4,
-                    "mu/coeff: expected [num_blocks, H, d] and "
-                    "[num_blocks, H, P, r]");
-  locks::CacheLayout layout;  // the cache these summaries describe (shape only)
-  layout.num_blocks = mu.size(0);
-  layout.num_kv_heads = static_cast<int>(mu.size(1));
-  layout.head_dim = static_cast<int>(mu.size(2));
-  layout.page_size = static_cast<int>(coeff.size(2));
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, kCpu);
+void select(const at::Tensor& q, const locks::SummaryView& s, const at::Tensor& block_table,
+            const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+            int64_t recent_pages, double scale, const at::Tensor& pages, const at::Tensor& counts) {
+  const locks::CacheLayout layout = layout_of_summaries(s.layout.num_blocks, s.layout.num_kv_heads,
+                                                        s.layout.head_dim, s.layout.page_size);
   const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
   const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
   const locks::Selection sel =
@@ -83,6 +75,61 @@ void select_pages_cpu(const at::Tensor& q, const at::Tensor& mu, const at::Tenso
     locks::cpu::select_pages(group_scores.data(), batch, layout.num_kv_heads, layout.page_size, cfg,
                              sel);
   });
+}
+
+void summary_build_cpu(const at::Tensor& k_cache, const at::Tensor& block_ids, at::Tensor& mu,
+                       at::Tensor& basis, at::Tensor& coeff) {
+  build(k_cache, block_ids,
+        [&](const locks::CacheLayout& l) { return summary_view(mu, basis, coeff, l, kCpu); });
+}
+
+void summary_build_quant_cpu(const at::Tensor& k_cache, const at::Tensor& block_ids,
+                             at::Tensor& mu_q, at::Tensor& mu_scale, at::Tensor& basis_q,
+                             at::Tensor& basis_scale, at::Tensor& coeff_q,
+                             at::Tensor& coeff_scale) {
+  build(k_cache, block_ids, [&](const locks::CacheLayout& l) {
+    return summary_view_quant(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, l, kCpu);
+  });
+}
+
+void summary_update_cpu(const at::Tensor& k_cache, const at::Tensor& block_table,
+                        const at::Tensor& seq_lens, at::Tensor& mu, at::Tensor& basis,
+                        at::Tensor& coeff) {
+  update(k_cache, block_table, seq_lens,
+         [&](const locks::CacheLayout& l) { return summary_view(mu, basis, coeff, l, kCpu); });
+}
+
+void summary_update_quant_cpu(const at::Tensor& k_cache, const at::Tensor& block_table,
+                              const at::Tensor& seq_lens, at::Tensor& mu_q, at::Tensor& mu_scale,
+                              at::Tensor& basis_q, at::Tensor& basis_scale, at::Tensor& coeff_q,
+                              at::Tensor& coeff_scale) {
+  update(k_cache, block_table, seq_lens, [&](const locks::CacheLayout& l) {
+    return summary_view_quant(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, l, kCpu);
+  });
+}
+
+void select_pages_cpu(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& basis,
+                      const at::Tensor& coeff, const at::Tensor& block_table,
+                      const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+                      int64_t recent_pages, double scale, at::Tensor& pages, at::Tensor& counts) {
+  TORCH_CHECK_VALUE(mu.dim() == 3 && coeff.dim() == 4,
+                    "mu/coeff: expected [num_blocks, H, d] and [num_blocks, H, P, r]");
+  const auto l = layout_of_summaries(mu.size(0), mu.size(1), mu.size(2), coeff.size(2));
+  select(q, summary_view(mu, basis, coeff, l, kCpu), block_table, seq_lens, budget_tokens,
+         sink_pages, recent_pages, scale, pages, counts);
+}
+
+void select_pages_quant_cpu(const at::Tensor& q, const at::Tensor& mu_q, const at::Tensor& mu_scale,
+                            const at::Tensor& basis_q, const at::Tensor& basis_scale,
+                            const at::Tensor& coeff_q, const at::Tensor& coeff_scale,
+                            const at::Tensor& block_table, const at::Tensor& seq_lens,
+                            int64_t budget_tokens, int64_t sink_pages, int64_t recent_pages,
+                            double scale, at::Tensor& pages, at::Tensor& counts) {
+  TORCH_CHECK_VALUE(mu_q.dim() == 3 && coeff_q.dim() == 4,
+                    "mu_q/coeff_q: expected [num_blocks, H, d] and [num_blocks, H, P, r]");
+  const auto l = layout_of_summaries(mu_q.size(0), mu_q.size(1), mu_q.size(2), coeff_q.size(2));
+  select(q, summary_view_quant(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, l, kCpu),
+         block_table, seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts);
 }
 
 locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse, const locks::QueryView& q,
@@ -134,6 +181,9 @@ TORCH_LIBRARY_IMPL(locks, CPU, m) {
   m.impl("summary_build", &locks_torch::summary_build_cpu);
   m.impl("summary_update", &locks_torch::summary_update_cpu);
   m.impl("select_pages", &locks_torch::select_pages_cpu);
+  m.impl("summary_build_quant", &locks_torch::summary_build_quant_cpu);
+  m.impl("summary_update_quant", &locks_torch::summary_update_quant_cpu);
+  m.impl("select_pages_quant", &locks_torch::select_pages_quant_cpu);
   m.impl("sparse_decode", &locks_torch::sparse_decode_cpu);
   m.impl("dense_decode", &locks_torch::dense_decode_cpu);
 }

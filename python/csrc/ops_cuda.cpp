@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,13 +72,14 @@ cudaStream_t stream_for(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
-void summary_build_cuda(const at::Tensor& k_cache, const at::Tensor& block_ids, at::Tensor& mu,
-                        at::Tensor& basis, at::Tensor& coeff) {
+using ViewFn = std::function<locks::SummaryView(const locks::CacheLayout&, const at::Device&)>;
+
+void build(const at::Tensor& k_cache, const at::Tensor& block_ids, const ViewFn& view) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
   const at::Device dev = k_cache.device();
   require(block_ids, "block_ids", at::kInt, 1, dev);
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, dev);
+  const locks::SummaryView s = view(layout, dev);
   if (block_ids.numel() == 0) return;
   const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
   translate_errors([&] {
@@ -86,35 +88,27 @@ void summary_build_cuda(const at::Tensor& k_cache, const at::Tensor& block_ids, 
   });
 }
 
-void summary_update_cuda(const at::Tensor& k_cache, const at::Tensor& block_table,
-                         const at::Tensor& seq_lens, at::Tensor& mu, at::Tensor& basis,
-                         at::Tensor& coeff) {
+void update(const at::Tensor& k_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
+            const ViewFn& view) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const locks::CacheLayout layout = cache_layout(k_cache, at::Tensor());
   const at::Device dev = k_cache.device();
   const locks::BatchView batch = batch_view(block_table, seq_lens, dev);
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, dev);
+  const locks::SummaryView s = view(layout, dev);
   const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
   translate_errors([&] {
     builder(layout, s.layout, dev.index()).build_filled(cache, batch, 1, s, stream_for(k_cache));
   });
 }
 
-void select_pages_cuda(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& basis,
-                       const at::Tensor& coeff, const at::Tensor& block_table,
-                       const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
-                       int64_t recent_pages, double scale, at::Tensor& pages, at::Tensor& counts) {
+void select(const at::Tensor& q, const locks::SummaryView& s, const at::Tensor& block_table,
+            const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+            int64_t recent_pages, double scale, const at::Tensor& pages, const at::Tensor& counts) {
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Device dev = q.device();
-  TORCH_CHECK_VALUE(mu.dim() == 3 && coeff.dim() == 4,
-                    "mu/coeff: expected [num_blocks, H, d] and [num_blocks, H, P, r]");
-  locks::CacheLayout layout;       // shape of the cache these summaries describe; scoring reads
-  layout.num_blocks = mu.size(0);  // summaries only, so the K dtype does not matter here
-  layout.num_kv_heads = static_cast<int>(mu.size(1));
-  layout.head_dim = static_cast<int>(mu.size(2));
-  layout.page_size = static_cast<int>(coeff.size(2));
-  layout.dtype = locks::DType::bf16;
-  const locks::SummaryView s = summary_view(mu, basis, coeff, layout, dev);
+  locks::CacheLayout layout = layout_of_summaries(s.layout.num_blocks, s.layout.num_kv_heads,
+                                                  s.layout.head_dim, s.layout.page_size);
+  layout.dtype = locks::DType::bf16;  // scoring reads summaries only; the plan needs a dtype
   const locks::BatchView batch = batch_view(block_table, seq_lens, dev);
   const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, dev);
   const locks::Selection sel =
@@ -136,6 +130,72 @@ void select_pages_cuda(const at::Tensor& q, const at::Tensor& mu, const at::Tens
     C10_CUDA_CHECK(cudaMemcpyAsync(sel.counts, mine.counts, n * sizeof(int32_t),
                                    cudaMemcpyDeviceToDevice, st));
   });
+}
+
+ViewFn fp32_view(at::Tensor& mu, at::Tensor& basis, at::Tensor& coeff) {
+  return [&](const locks::CacheLayout& l, const at::Device& d) {
+    return summary_view(mu, basis, coeff, l, d);
+  };
+}
+
+ViewFn quant_view(at::Tensor& mu_q, at::Tensor& mu_scale, at::Tensor& basis_q,
+                  at::Tensor& basis_scale, at::Tensor& coeff_q, at::Tensor& coeff_scale) {
+  return [&](const locks::CacheLayout& l, const at::Device& d) {
+    return summary_view_quant(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, l, d);
+  };
+}
+
+void summary_build_cuda(const at::Tensor& k_cache, const at::Tensor& block_ids, at::Tensor& mu,
+                        at::Tensor& basis, at::Tensor& coeff) {
+  build(k_cache, block_ids, fp32_view(mu, basis, coeff));
+}
+
+void summary_build_quant_cuda(const at::Tensor& k_cache, const at::Tensor& block_ids,
+                              at::Tensor& mu_q, at::Tensor& mu_scale, at::Tensor& basis_q,
+                              at::Tensor& basis_scale, at::Tensor& coeff_q,
+                              at::Tensor& coeff_scale) {
+  build(k_cache, block_ids, quant_view(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale));
+}
+
+void summary_update_cuda(const at::Tensor& k_cache, const at::Tensor& block_table,
+                         const at::Tensor& seq_lens, at::Tensor& mu, at::Tensor& basis,
+                         at::Tensor& coeff) {
+  update(k_cache, block_table, seq_lens, fp32_view(mu, basis, coeff));
+}
+
+void summary_update_quant_cuda(const at::Tensor& k_cache, const at::Tensor& block_table,
+                               const at::Tensor& seq_lens, at::Tensor& mu_q, at::Tensor& mu_scale,
+                               at::Tensor& basis_q, at::Tensor& basis_scale, at::Tensor& coeff_q,
+                               at::Tensor& coeff_scale) {
+  update(k_cache, block_table, seq_lens,
+         quant_view(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale));
+}
+
+void select_pages_cuda(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& basis,
+                       const at::Tensor& coeff, const at::Tensor& block_table,
+                       const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+                       int64_t recent_pages, double scale, at::Tensor& pages, at::Tensor& counts) {
+  TORCH_CHECK_VALUE(mu.dim() == 3 && coeff.dim() == 4,
+                    "mu/coeff: expected [num_blocks, H, d] and [num_blocks, H, P, r]");
+  const auto l = layout_of_summaries(mu.size(0), mu.size(1), mu.size(2), coeff.size(2));
+  select(q, summary_view(mu, basis, coeff, l, q.device()), block_table, seq_lens, budget_tokens,
+         sink_pages, recent_pages, scale, pages, counts);
+}
+
+void select_pages_quant_cuda(const at::Tensor& q, const at::Tensor& mu_q,
+                             const at::Tensor& mu_scale, const at::Tensor& basis_q,
+                             const at::Tensor& basis_scale, const at::Tensor& coeff_q,
+                             const at::Tensor& coeff_scale, const at::Tensor& block_table,
+                             const at::Tensor& seq_lens, int64_t budget_tokens, int64_t sink_pages,
+                             int64_t recent_pages, double scale, at::Tensor& pages,
+                             at::Tensor& counts) {
+  TORCH_CHECK_VALUE(mu_q.dim() == 3 && coeff_q.dim() == 4,
+                    "mu_q/coeff_q: expected [num_blocks, H, d] and [num_blocks, H, P, r]");
+  const auto l = layout_of_summaries(mu_q.size(0), mu_q.size(1), mu_q.size(2), coeff_q.size(2));
+  select(
+      q,
+      summary_view_quant(mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, l, q.device()),
+      block_table, seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts);
 }
 
 locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse, const locks::QueryView& q,
@@ -199,6 +259,9 @@ TORCH_LIBRARY_IMPL(locks, CUDA, m) {
   m.impl("summary_build", &locks_torch::summary_build_cuda);
   m.impl("summary_update", &locks_torch::summary_update_cuda);
   m.impl("select_pages", &locks_torch::select_pages_cuda);
+  m.impl("summary_build_quant", &locks_torch::summary_build_quant_cuda);
+  m.impl("summary_update_quant", &locks_torch::summary_update_quant_cuda);
+  m.impl("select_pages_quant", &locks_torch::select_pages_quant_cuda);
   m.impl("sparse_decode", &locks_torch::sparse_decode_cuda);
   m.impl("dense_decode", &locks_torch::dense_decode_cuda);
 }

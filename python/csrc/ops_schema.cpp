@@ -20,6 +20,20 @@ TORCH_LIBRARY(locks, m) {
       "select_pages(Tensor q, Tensor mu, Tensor basis, Tensor coeff, Tensor block_table, "
       "Tensor seq_lens, int budget_tokens, int sink_pages, int recent_pages, float scale, "
       "Tensor(a!) pages, Tensor(b!) counts) -> ()");
+  // The same three in the quant storage (int8 centroid, int4 basis, int8 coefficients).
+  m.def(
+      "summary_build_quant(Tensor k_cache, Tensor block_ids, Tensor(a!) mu_q, Tensor(b!) mu_scale, "
+      "Tensor(c!) basis_q, Tensor(d!) basis_scale, Tensor(e!) coeff_q, Tensor(f!) coeff_scale) -> "
+      "()");
+  m.def(
+      "summary_update_quant(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor(a!) mu_q, "
+      "Tensor(b!) mu_scale, Tensor(c!) basis_q, Tensor(d!) basis_scale, Tensor(e!) coeff_q, "
+      "Tensor(f!) coeff_scale) -> ()");
+  m.def(
+      "select_pages_quant(Tensor q, Tensor mu_q, Tensor mu_scale, Tensor basis_q, Tensor "
+      "basis_scale, "
+      "Tensor coeff_q, Tensor coeff_scale, Tensor block_table, Tensor seq_lens, int budget_tokens, "
+      "int sink_pages, int recent_pages, float scale, Tensor(a!) pages, Tensor(b!) counts) -> ()");
   // Exact attention over the selected pages only.
   m.def(
       "sparse_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "

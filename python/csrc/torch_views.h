@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <vector>
 
 #include "locks/error.h"
 #include "locks/kv_cache.h"
@@ -112,6 +113,70 @@ inline locks::SummaryView summary_view(const at::Tensor& mu, const at::Tensor& b
   v.basis = basis.data_ptr<float>();
   v.coeff = coeff.data_ptr<float>();
   return v;
+}
+
+// quant summaries (int8 centroid, int4 basis two a byte, int8 coefficients, fp32 scales):
+// mu_q [N, H, d] i8, mu_scale [N, H], basis_q [N, H, r, d/2] u8, basis_scale [N, H, r],
+// coeff_q [N, H, P, r] i8, coeff_scale [N, H, r].
+inline locks::SummaryView summary_view_quant(
+    const at::Tensor& mu_q, const at::Tensor& mu_scale, const at::Tensor& basis_q,
+    const at::Tensor& basis_scale, const at::Tensor& coeff_q, const at::Tensor& coeff_scale,
+    const locks::CacheLayout& cache, const at::Device& device) {
+  require(mu_q, "mu_q", at::kChar, 3, device);
+  require(mu_scale, "mu_scale", at::kFloat, 2, device);
+  require(basis_q, "basis_q", at::kByte, 4, device);
+  require(basis_scale, "basis_scale", at::kFloat, 3, device);
+  require(coeff_q, "coeff_q", at::kChar, 4, device);
+  require(coeff_scale, "coeff_scale", at::kFloat, 3, device);
+  locks::SummaryLayout s;
+  s.num_blocks = mu_q.size(0);
+  s.num_kv_heads = static_cast<int>(mu_q.size(1));
+  s.head_dim = static_cast<int>(mu_q.size(2));
+  s.rank = static_cast<int>(basis_q.size(2));
+  s.page_size = static_cast<int>(coeff_q.size(2));
+  s.precision = locks::Precision::quant;
+  TORCH_CHECK_VALUE(s.num_blocks == cache.num_blocks && s.num_kv_heads == cache.num_kv_heads &&
+                        s.head_dim == cache.head_dim && s.page_size == cache.page_size,
+                    "summaries: mu_q ", mu_q.sizes(), " / coeff_q ", coeff_q.sizes(),
+                    " do not match the cache (num_blocks ", cache.num_blocks, ", page_size ",
+                    cache.page_size, ", num_kv_heads ", cache.num_kv_heads, ", head_dim ",
+                    cache.head_dim, ")");
+  const std::vector<int64_t> nh{s.num_blocks, s.num_kv_heads},
+      nhr{s.num_blocks, s.num_kv_heads, s.rank};
+  TORCH_CHECK_VALUE(mu_scale.sizes() == at::IntArrayRef(nh), "mu_scale: expected ",
+                    at::IntArrayRef(nh), ", got ", mu_scale.sizes());
+  TORCH_CHECK_VALUE(basis_q.size(0) == s.num_blocks && basis_q.size(1) == s.num_kv_heads &&
+                        basis_q.size(3) == s.head_dim / 2,
+                    "basis_q: expected [", s.num_blocks, ", ", s.num_kv_heads, ", rank, ",
+                    s.head_dim / 2, "], got ", basis_q.sizes());
+  TORCH_CHECK_VALUE(basis_scale.sizes() == at::IntArrayRef(nhr), "basis_scale: expected ",
+                    at::IntArrayRef(nhr), ", got ", basis_scale.sizes());
+  TORCH_CHECK_VALUE(coeff_q.size(0) == s.num_blocks && coeff_q.size(1) == s.num_kv_heads &&
+                        coeff_q.size(3) == s.rank,
+                    "coeff_q: expected [", s.num_blocks, ", ", s.num_kv_heads, ", ", s.page_size,
+                    ", ", s.rank, "], got ", coeff_q.sizes());
+  TORCH_CHECK_VALUE(coeff_scale.sizes() == at::IntArrayRef(nhr), "coeff_scale: expected ",
+                    at::IntArrayRef(nhr), ", got ", coeff_scale.sizes());
+  locks::SummaryView v;
+  v.layout = s;
+  v.mu_q = mu_q.data_ptr<int8_t>();
+  v.mu_scale = mu_scale.data_ptr<float>();
+  v.basis_q = basis_q.data_ptr<uint8_t>();
+  v.basis_scale = basis_scale.data_ptr<float>();
+  v.coeff_q = coeff_q.data_ptr<int8_t>();
+  v.coeff_scale = coeff_scale.data_ptr<float>();
+  return v;
+}
+
+// The cache shape that summaries describe (scoring reads summaries only, never K).
+inline locks::CacheLayout layout_of_summaries(int64_t num_blocks, int64_t heads, int64_t head_dim,
+                                              int64_t page_size) {
+  locks::CacheLayout l;
+  l.num_blocks = num_blocks;
+  l.num_kv_heads = static_cast<int>(heads);
+  l.head_dim = static_cast<int>(head_dim);
+  l.page_size = static_cast<int>(page_size);
+  return l;
 }
 
 // q: [batch, num_q_heads, head_dim] fp32.

@@ -52,6 +52,7 @@ class LocksConfig:
     budget: int | None = 2048
     page_size: int = 16
     rank: int = 8
+    precision: str = "int4"  # summaries: "int4" (int8 centroid, int4 basis, int8 coeff) or "fp32"
     sink_pages: int = 0
     recent_pages: int = 0
     reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
@@ -61,6 +62,8 @@ class LocksConfig:
             raise ValueError(f"locks: page_size must be in [2, 256], got {self.page_size}")
         if not 1 <= self.rank < self.page_size:
             raise ValueError(f"locks: rank must be in [1, page_size), got {self.rank}")
+        if self.precision not in ("int4", "fp32"):
+            raise ValueError(f"locks: precision must be 'int4' or 'fp32', got {self.precision!r}")
         if self.budget is not None:
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
             if self.budget < need:
@@ -147,7 +150,7 @@ class LocksLayer(CacheLayerMixin):
         dev = self.device
         self.k_pages = torch.zeros(n, P, heads, head_dim, dtype=self.dtype, device=dev)
         self.v_pages = torch.zeros_like(self.k_pages)
-        self.summaries = ops.new_summaries(n, heads, head_dim, P, self.cfg.rank, dev)
+        self.summaries = ops.new_summaries(n, heads, head_dim, P, self.cfg.rank, dev, self.cfg.precision)
         # sequence b owns blocks [b * max_blocks, (b + 1) * max_blocks)
         self.block_table = torch.arange(n, dtype=torch.int32, device=dev).view(batch, self.max_blocks)
 

@@ -8,6 +8,8 @@ Layouts (include/locks/kv_cache.h, summary.h):
   k_cache, v_cache  [num_blocks, page_size, num_kv_heads, head_dim]  float32/float16/bfloat16
   block_table       [batch, max_blocks_per_seq] int32,  seq_lens [batch] int32
   summaries (fp32)  mu [num_blocks, H, d], basis [num_blocks, H, r, d], coeff [num_blocks, H, P, r]
+  summaries (int4)  mu_q i8 [N, H, d], mu_scale [N, H], basis_q u8 [N, H, r, d/2], basis_scale [N, H, r],
+                    coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]   (the *_quant operators)
   q                 [batch, num_q_heads, head_dim] float32
   pages, counts     [batch, H, capacity] int32 (ascending, -1 padded), [batch, H] int32
 """
@@ -27,15 +29,31 @@ class Summaries(NamedTuple):
     coeff: torch.Tensor
 
 
+class QuantSummaries(NamedTuple):
+    """int8 centroid, int4 basis (two a byte, low nibble = even dim), int8 coefficients."""
+    mu_q: torch.Tensor
+    mu_scale: torch.Tensor
+    basis_q: torch.Tensor
+    basis_scale: torch.Tensor
+    coeff_q: torch.Tensor
+    coeff_scale: torch.Tensor
+
+
 def new_summaries(num_blocks: int, num_kv_heads: int, head_dim: int, page_size: int = 16,
-                  rank: int = 8, device: torch.device | str = "cpu") -> Summaries:
-    """Zeroed fp32 summary storage for a cache of num_blocks pages."""
+                  rank: int = 8, device: torch.device | str = "cpu",
+                  precision: str = "fp32") -> Summaries | QuantSummaries:
+    """Zeroed summary storage for a cache of num_blocks pages; precision "fp32" or "int4"."""
     if not 1 <= rank < page_size:
         raise ValueError(f"rank must be in [1, page_size) = [1, {page_size}), got {rank}")
-    z = lambda *s: torch.zeros(*s, dtype=torch.float32, device=device)  # noqa: E731
-    return Summaries(z(num_blocks, num_kv_heads, head_dim),
-                     z(num_blocks, num_kv_heads, rank, head_dim),
-                     z(num_blocks, num_kv_heads, page_size, rank))
+    n, h = num_blocks, num_kv_heads
+    z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
+    if precision == "fp32":
+        return Summaries(z(n, h, head_dim), z(n, h, rank, head_dim), z(n, h, page_size, rank))
+    if precision == "int4":
+        return QuantSummaries(z(n, h, head_dim, dt=torch.int8), z(n, h),
+                              z(n, h, rank, head_dim // 2, dt=torch.uint8), z(n, h, rank),
+                              z(n, h, page_size, rank, dt=torch.int8), z(n, h, rank))
+    raise ValueError(f"precision must be 'fp32' or 'int4', got {precision!r}")
 
 
 def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
@@ -53,13 +71,19 @@ def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
 
 def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, s: Summaries) -> None:
     """Build the summaries of the given (full) physical blocks, every KV head, in place."""
-    _ops.summary_build(k_cache, block_ids, s.mu, s.basis, s.coeff)
+    if isinstance(s, QuantSummaries):
+        _ops.summary_build_quant(k_cache, block_ids, *s)
+    else:
+        _ops.summary_build(k_cache, block_ids, *s)
 
 
 def summary_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                    s: Summaries) -> None:
     """After appending one token per sequence: rebuild the summary of each page that just filled."""
-    _ops.summary_update(k_cache, block_table, seq_lens, s.mu, s.basis, s.coeff)
+    if isinstance(s, QuantSummaries):
+        _ops.summary_update_quant(k_cache, block_table, seq_lens, *s)
+    else:
+        _ops.summary_update(k_cache, block_table, seq_lens, *s)
 
 
 def _scale(scale: float | None, head_dim: int) -> float:
@@ -71,15 +95,15 @@ def select_pages(q: torch.Tensor, s: Summaries, block_table: torch.Tensor, seq_l
                  scale: float | None = None, pages: torch.Tensor | None = None,
                  counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Score pages from summaries, share-average over GQA groups, select under the budget."""
-    batch, heads = q.shape[0], s.mu.shape[1]
+    batch, heads, page_size = q.shape[0], s[0].shape[1], s[-2].shape[2]
     if pages is None:
-        cap = select_capacity(budget_tokens, s.coeff.shape[2], block_table.shape[1], sink_pages,
-                              recent_pages)
+        cap = select_capacity(budget_tokens, page_size, block_table.shape[1], sink_pages, recent_pages)
         pages = torch.empty(batch, heads, cap, dtype=torch.int32, device=q.device)
     if counts is None:
         counts = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
-    _ops.select_pages(q, s.mu, s.basis, s.coeff, block_table, seq_lens, budget_tokens, sink_pages,
-                      recent_pages, _scale(scale, q.shape[-1]), pages, counts)
+    op = _ops.select_pages_quant if isinstance(s, QuantSummaries) else _ops.select_pages
+    op(q, *s, block_table, seq_lens, budget_tokens, sink_pages, recent_pages,
+       _scale(scale, q.shape[-1]), pages, counts)
     return pages, counts
 
 
@@ -127,6 +151,24 @@ def _summary_update_fake(k_cache, block_table, seq_lens, mu, basis, coeff):
 @torch.library.register_fake("locks::select_pages")
 def _select_pages_fake(q, mu, basis, coeff, block_table, seq_lens, budget_tokens, sink_pages,
                        recent_pages, scale, pages, counts):
+    torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
+    return None
+
+
+@torch.library.register_fake("locks::summary_build_quant")
+def _summary_build_quant_fake(k_cache, block_ids, mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale):
+    return None
+
+
+@torch.library.register_fake("locks::summary_update_quant")
+def _summary_update_quant_fake(k_cache, block_table, seq_lens, mu_q, mu_scale, basis_q, basis_scale,
+                               coeff_q, coeff_scale):
+    return None
+
+
+@torch.library.register_fake("locks::select_pages_quant")
+def _select_pages_quant_fake(q, mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, block_table,
+                             seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts):
     torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
     return None
 

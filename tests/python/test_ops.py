@@ -224,3 +224,73 @@ def test_compile_traces_decode_step():
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q), step(q), rtol=0, atol=0)
+
+
+def dequant(sq, d):
+    """Python restatement of summary.h's quant storage -> float (int4 two's complement nibbles)."""
+    mu = sq.mu_q.float() * sq.mu_scale[..., None]
+    lo = (sq.basis_q & 0xF).to(torch.int16)
+    hi = (sq.basis_q >> 4).to(torch.int16)
+    lo = torch.where(lo > 7, lo - 16, lo)
+    hi = torch.where(hi > 7, hi - 16, hi)
+    codes = torch.stack([lo, hi], dim=-1).reshape(*sq.basis_q.shape[:-1], d).float()
+    basis = codes * sq.basis_scale[..., None]
+    coeff = sq.coeff_q.float() * sq.coeff_scale[:, :, None, :]
+    return mu, basis, coeff
+
+
+def test_quant_summaries_are_the_quantized_fp32_summaries():
+    nb = 6
+    k, _ = make_cache(nb)
+    ids = torch.arange(nb, dtype=torch.int32)
+    sf = ops.new_summaries(nb, H, D, P, 8)
+    sq = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    ops.summary_build(k, ids, sf)
+    ops.summary_build(k, ids, sq)
+    mu, basis, coeff = dequant(sq, D)
+    assert (mu - sf.mu).abs().max() <= sq.mu_scale.max() / 2 * 1.001 + 1e-6
+    # same solver, same singular vectors up to sign: compare each row with its sign aligned
+    sign = torch.sign((basis * sf.basis).sum(-1, keepdim=True))
+    assert (sign * basis - sf.basis).abs().max() <= sq.basis_scale.max() / 2 * 1.001 + 1e-6
+    assert (sign.squeeze(-1)[:, :, None, :] * coeff - sf.coeff).abs().max() <= sq.coeff_scale.max() / 2 * 1.001 + 1e-5
+
+
+def test_quant_selection_and_update():
+    nb, mb = 40, 20
+    k, v = make_cache(nb)
+    bt, lens = batch(nb, [300, 250], mb)
+    q = torch.randn(2, 3 * H, D, generator=torch.Generator().manual_seed(4)) * 2
+    sf = ops.new_summaries(nb, H, D, P, 8)
+    sq = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    used = torch.unique(bt[:, : -(-300 // P)].flatten()).to(torch.int32)
+    ops.summary_build(k, used, sf)
+    ops.summary_build(k, used, sq)
+    pf, cf = ops.select_pages(q, sf, bt, lens, 128)
+    pq, cq = ops.select_pages(q, sq, bt, lens, 128)
+    assert torch.equal(cf, cq)
+    overlap = sum(len(set(pf[b, g].tolist()) & set(pq[b, g].tolist())) for b in range(2) for g in range(H))
+    assert overlap >= 0.8 * cf.sum().item()  # int4 moves at most a few borderline pages
+    pa, ca = ops.select_pages(q, sq, bt, lens, 320)
+    assert ca.tolist() == [[19, 19], [16, 16]]  # b >= length: every page
+    s2 = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    bt2 = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    ops.summary_update(k, bt2, torch.tensor([32, 33], dtype=torch.int32), s2)
+    assert s2.mu_q[1].abs().sum() > 0 and s2.mu_q[[0, 2, 3, 4, 5, 6, 7]].abs().sum() == 0
+
+
+def test_opcheck_quant():
+    nb, mb = 12, 5
+    k, _ = make_cache(nb)
+    bt, lens = batch(nb, [70, 33], mb)
+    q = torch.randn(2, 3 * H, D)
+    sq = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    ids = torch.arange(nb, dtype=torch.int32)
+    ops.summary_build(k, ids, sq)
+    cap = ops.select_capacity(48, P, mb)
+    pages = torch.empty(2, H, cap, dtype=torch.int32)
+    counts = torch.empty(2, H, dtype=torch.int32)
+    L = torch.ops.locks
+    s2 = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    torch.library.opcheck(L.summary_build_quant.default, (k, ids, *s2))
+    torch.library.opcheck(L.summary_update_quant.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32), *s2))
+    torch.library.opcheck(L.select_pages_quant.default, (q, *sq, bt, lens, 48, 0, 0, 0.125, pages, counts))
