@@ -82,6 +82,13 @@ def ops_vs_cpu():
         out[f"b{budget}_selection_equal_share"] = same
         out[f"b{budget}_sparse_out_max_abs_diff"] = float((og.cpu() - oc).abs().max())
         out[f"b{budget}_sparse_lse_max_abs_diff"] = float((lg.cpu() - lc).abs().max())
+    qc, qg = ops.new_summaries(nb, H, d, P, 8, precision="int4"), ops.new_summaries(nb, H, d, P, 8, dev, "int4")
+    ops.summary_build(k, full, qc)
+    ops.summary_build(k.to(dev), full.to(dev), qg)
+    for budget in (128, 512):
+        pc, _ = ops.select_pages(q, qc, bt, sl, budget)
+        pg, _ = ops.select_pages(q.to(dev), qg, bt.to(dev), sl.to(dev), budget)
+        out[f"int4_b{budget}_selection_equal_share"] = float((pg.cpu() == pc).float().mean())
     od, _ = ops.dense_decode(q, k, v, bt, sl)
     og, _ = ops.dense_decode(q.to(dev), k.to(dev), v.to(dev), bt.to(dev), sl.to(dev))
     out["dense_out_max_abs_diff"] = float((og.cpu() - od).abs().max())
@@ -108,6 +115,10 @@ def opcheck_cuda():
         "sparse_decode": (L.sparse_decode.default, (q, k, v, bt, sl, pages, counts, 0.125, out, lse)),
         "dense_decode": (L.dense_decode.default, (q, k, v, bt, sl, 0.125, out.clone(), lse.clone())),
     }
+    sq = ops.new_summaries(k.shape[0], H, d, P, 8, "cuda", "int4")
+    ops.summary_build(k, torch.arange(k.shape[0], dtype=torch.int32, device="cuda"), sq)
+    cases["select_pages_quant"] = (L.select_pages_quant.default, (q, *sq, bt, sl, 48, 0, 0, 0.125, pages.clone(), counts.clone()))
+    cases["summary_update_quant"] = (L.summary_update_quant.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32, device="cuda"), *ops.new_summaries(k.shape[0], H, d, P, 8, "cuda", "int4")))
     res = {}
     for name, (op, args) in cases.items():
         try:
