@@ -132,7 +132,9 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
     std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
         qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P)), ct(static_cast<size_t>(r) * P);
     const Scratch w{row.data(), proj.data(), qmu.data(), logits.data(), ct.data()};
-#pragma omp for schedule(static)
+    // Dynamic chunks: a thread that the OS deschedules (a shared machine) does not hold
+    // the others at the barrier; results do not depend on which thread scores an item.
+#pragma omp for schedule(dynamic, 64)
     for (int64_t item = 0; item < items; ++item) {
       // KV head fastest: summaries are stored [block, head], so consecutive items read
       // consecutive memory (hardware prefetch follows) when the block ids ascend.
