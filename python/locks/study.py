@@ -50,7 +50,7 @@ def plot_layers(layers, curves, title, png):
         for i, L in enumerate(layers):
             f.write(f"{L} " + " ".join(f"{curves[m][i]:.5f}" for m in ms) + "\n")
     plots = ", ".join(f"'{dat}' using 1:{j + 2} with linespoints title '{m}'" for j, m in enumerate(ms))
-    script = (f"set terminal pngcairo size 900,500; set output '{png}'; set title '{title}'; "
+    script = (f"set terminal pngcairo size 900,500 noenhanced; set output '{png}'; set title '{title}'; "
               "set xlabel 'layer'; set ylabel 'mean attention-mass recall'; set key bottom right; "
               f"set yrange [0:1.02]; set grid; plot {plots}")
     subprocess.run(["gnuplot", "-e", script], check=True)
