@@ -43,6 +43,21 @@ def worst_heads(rows, method, budget, k=5):
     return stats[:k]
 
 
+def head_means(rows, method, budget):
+    sel = (rows["method"] == method) & (rows["budget"] == budget)
+    r = rows[sel]
+    acc = {}
+    for L, h, rec in zip(r["layer"], r["q_head"], r["recall"]):
+        acc.setdefault((int(L), int(h)), []).append(rec)
+    return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def worst_gaps(rows, method, budget, k=5):
+    """The k heads where the method falls furthest below the oracle (mean recall over steps)."""
+    o, m = head_means(rows, "oracle", budget), head_means(rows, method, budget)
+    return sorted(((o[key] - m[key], o[key], m[key], key) for key in m), reverse=True)[:k]
+
+
 def plot_layers(layers, curves, title, png):
     dat = png[:-4] + ".dat"
     ms = list(curves)
@@ -82,6 +97,17 @@ def main(argv=None):
                 continue
             ws = worst_heads(rows, m, budget)
             print(f"| {m} | " + "; ".join(f"L{k[0]}/h{k[1]} {a:.3f} ({mn:.3f}; {e:.3f})" for a, mn, e, k in ws) + " |")
+        print()
+    print(f"### Largest gaps to the oracle ({name}): the 5 heads where each selector loses most\n")
+    for budget in (128, 512):
+        print(f"b = {budget}:\n")
+        print("| method | layer/head: oracle recall -> method recall |")
+        print("|---|---|")
+        for m in ORDER[1:]:
+            if not ((rows["method"] == m) & (rows["budget"] == budget)).any():
+                continue
+            ws = worst_gaps(rows, m, budget)
+            print(f"| {m} | " + "; ".join(f"L{k[0]}/h{k[1]} {o:.3f} -> {v:.3f}" for g, o, v, k in ws) + " |")
         print()
 
 
