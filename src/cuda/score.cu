@@ -8,7 +8,8 @@
 //    are exact in fp16; the query (and the projected query) is split into fp16 hi + lo
 //    columns, so the products keep about 22 bits: as accurate as fp32 CUDA-core code.
 //    Products: [2 pages x 8 basis rows] x [d x 2G] (V q), [16 pages] x [d x 2G] (q.mu),
-//    [16 keys x (8 codes, twice)] x [(8 hi; 8 lo) x G] (the per-key logits).
+//    [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
+//    that each head's 16 keys sum within a lane quad).
 //  * score_generic (fp32 summaries or other shapes): CUDA cores, one warp per page.
 #include <cstdint>
 
@@ -179,16 +180,35 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 }
 __device__ __forceinline__ float hi_part(float x) { return __half2float(__float2half_rn(x)); }
 
-// Eight int4 codes of a word -> four half2 (dims 8w+m and 8w+m+4 for m = 0..3), exact.
+// (a & b) | c and (a & b) ^ c in one LOP3 each (the compiler splits them in two when both
+// b and c are immediates).
+template <uint32_t B, uint32_t C>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "n"(B), "n"(C));
+  return d;
+}
+template <uint32_t B, uint32_t C>
+__device__ __forceinline__ uint32_t and_xor(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "n"(B), "n"(C));
+  return d;
+}
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// Eight int4 codes of a word -> four half2 (dims 8w+m and 8w+m+4 for m = 0..3), exact:
+// nibbles biased to v + 8 are or-ed into the mantissa of 1024 (m even) or, four bits up, of
+// 1024 = 64 * 16 (m odd; scaled back by the exact 1/16 of an HFMA2). 10 instructions a word.
 __device__ __forceinline__ void int4x8_to_half2(uint32_t w, uint32_t (&out)[4]) {
-  const uint32_t x = w ^ 0x88888888u;  // two's complement nibble v -> v + 8 in [0, 15]
+  const uint32_t x = w ^ 0x88888888u, y = x >> 8;
   const __half2 bias = __floats2half2_rn(1032.0f, 1032.0f);
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const uint32_t u = ((x >> (4 * m)) & 0x000F000Fu) | 0x64006400u;  // 1024 + (v + 8)
-    __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&u), bias);
-    out[m] = *reinterpret_cast<const uint32_t*>(&h);
-  }
+  const __half2 sixteenth = __floats2half2_rn(0.0625f, 0.0625f);
+  const __half2 bias16 = __floats2half2_rn(-72.0f, -72.0f);
+  out[0] = h2_bits(__hsub2(bits_h2(and_or<0x000F000Fu, 0x64006400u>(x)), bias));
+  out[1] = h2_bits(__hfma2(bits_h2(and_or<0x00F000F0u, 0x64006400u>(x)), sixteenth, bias16));
+  out[2] = h2_bits(__hsub2(bits_h2(and_or<0x000F000Fu, 0x64006400u>(y)), bias));
+  out[3] = h2_bits(__hfma2(bits_h2(and_or<0x00F000F0u, 0x64006400u>(y)), sixteenth, bias16));
 }
 // Eight int8 codes (words a: dims 8v..8v+3, b: 8v+4..8v+7) -> four half2 with the same
 // (dim m, dim m + 4) pairing as int4x8_to_half2, exact.
@@ -197,15 +217,22 @@ __device__ __forceinline__ void int8x8_to_half2(uint32_t a, uint32_t b, uint32_t
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const uint32_t p = __byte_perm(a, b, uint32_t(m) | (uint32_t(4 + m) << 8));
-    const uint32_t u = (p & 0x00FF00FFu) ^ 0x64806480u;  // 1024 + (v + 128)
-    __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&u), bias);
-    out[m] = *reinterpret_cast<const uint32_t*>(&h);
+    const uint32_t u = and_xor<0x00FF00FFu, 0x64806480u>(p);  // 1024 + (v + 128)
+    out[m] = h2_bits(__hsub2(bits_h2(u), bias));
   }
 }
-__device__ __forceinline__ uint32_t int8_pair_half2(int8_t v) {
-  const __half h = __int2half_rn(int(v));
-  const __half2 h2 = __halves2half2(h, h);
-  return *reinterpret_cast<const uint32_t*>(&h2);
+// Two int8 codes (the low 16 bits of v) -> one half2, exact.
+__device__ __forceinline__ uint32_t int8x2_to_half2(uint32_t v) {
+  // bytes [c0, 0x64, c1, 0x64], sign bits flipped: halves 1024 + (c + 128)
+  const uint32_t u = __byte_perm(v, 0x64646464u, 0x4140) ^ 0x00800080u;
+  return h2_bits(__hsub2(bits_h2(u), __floats2half2_rn(1152.0f, 1152.0f)));
+}
+// x0, x1 -> fp16 hi parts and the fp16 residuals lo = x - hi (about 22 bits together).
+__device__ __forceinline__ void split_half2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 f = __half22float2(h);
+  hi = h2_bits(h);
+  lo = h2_bits(__floats2half2_rn(x0 - f.x, x1 - f.y));
 }
 
 // Asynchronous 16-byte (or 4-byte) global -> shared copies; src_size 0 fills zeros.
@@ -294,22 +321,29 @@ __device__ __forceinline__ void stage_load(Stage<D>& st, const SumView& S, int H
 // Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
 // kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
 // tensor-core work on the current ones.
+// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16);
+// registers are capped to match, so they never lower the occupancy further.
+template <int NT1>
+constexpr int score_min_blocks() {
+  return NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
+}
+
 template <int D, int NT1>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
               float scale, float* head_scores, float* chunk_lse, int n_chunks) {
-  constexpr int KS = D / 16;          // k-steps over the head dim
-  constexpr int R = 8;                // rank
-  constexpr int NT3 = (NT1 + 1) / 2;  // n-tiles of 8 heads in the per-key product
+  constexpr int KS = D / 16;  // k-steps over the head dim
+  constexpr int R = 8;        // rank
   constexpr int GMAX = 4 * NT1;
   constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
   constexpr int kStages = kPerWarp / kSP;
   __shared__ float qs[GMAX][D + 4];
   __shared__ float unscale[GMAX];
   __shared__ float sc[GMAX * kScoreChunk];
-  __shared__ float mt[kMmaWarps][kSP][GMAX + 1];     // q.mu per page of the stage
-  __shared__ float wy[kMmaWarps][kSP][R][GMAX + 1];  // scaled (V q)_k per page of the stage
+  __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
+  // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
+  __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
   extern __shared__ float4 dyn[];
   Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
 
@@ -438,55 +472,82 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           mma16816(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
                    bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
-        wy[warp][p][gid][g] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
-        wy[warp][p + 1][gid][g] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
+        wy[warp][(p * GMAX + g) * R + gid] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
+        wy[warp][((p + 1) * GMAX + g) * R + gid] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
       }
     }
     __syncwarp();
-    // (c) per-key logits and each page's log-sum-exp, four pages in flight. The projected
-    // query w = (V q)_k * scales stays far inside fp16's range for any sane logit scale;
-    // its hi + lo split keeps ~22 bits.
+    // (c) per-key logits and each page's log-sum-exp, transposed: an M-tile's 16 rows are
+    // (page, head) pairs of PM = 16 / GMAX pages, its columns the 16 keys (two n-tiles), and
+    // K = the page's (8 hi; 8 lo) halves of the projected query (block-diagonal over the
+    // tile's pages: k-step kk holds page kk). Every accumulator is a useful logit, and a row's
+    // 16 keys lie in one lane quad: 4 exps, 2 shuffles. The projected query w = (V q)_k *
+    // scales stays far inside fp16's range for any sane logit scale.
+    {
+      constexpr int PM = 16 / GMAX, NMT = kSP / PM;
+      // B: coefficients of key 8 nt + gid, codes 2 tig, 2 tig + 1 (the hi and lo halves of K
+      // multiply the same codes, so b1 = b0).
+      uint32_t bc[kSP][2];
 #pragma unroll
-    for (int jj = 0; jj < kSP; ++jj) {
-      const int8_t* cq = st.coeff[jj];
-      const char2 c0 = *reinterpret_cast<const char2*>(cq + gid * R + 2 * tig);
-      const char2 c1 = *reinterpret_cast<const char2*>(cq + (gid + 8) * R + 2 * tig);
-      const uint32_t a0 = int8_pair_half2(c0.x), a1 = int8_pair_half2(c1.x);
-      const uint32_t a2 = int8_pair_half2(c0.y), a3 = int8_pair_half2(c1.y);
-      const bool valid = j0 + jj < n_full;
+      for (int p = 0; p < kSP; ++p)
 #pragma unroll
-      for (int nt = 0; nt < NT3; ++nt) {
-        const int gb = nt * 8 + gid;  // B column = head
-        uint32_t b0 = 0, b1 = 0;
-        if (gb < GMAX) {
-          const float w0 = wy[warp][jj][2 * tig][gb], w1 = wy[warp][jj][2 * tig + 1][gb];
-          b0 = pack_half2(hi_part(w0), w0 - hi_part(w0));
-          b1 = pack_half2(hi_part(w1), w1 - hi_part(w1));
+        for (int nt = 0; nt < 2; ++nt)
+          bc[p][nt] = int8x2_to_half2(
+              *reinterpret_cast<const uint16_t*>(st.coeff[p] + (8 * nt + gid) * R + 2 * tig));
+      const int plA = gid / GMAX, gA = gid % GMAX;              // row gid
+      const int plB = (gid + 8) / GMAX, gB = (gid + 8) % GMAX;  // row gid + 8
+#pragma unroll
+      for (int t = 0; t < NMT; ++t) {
+        const float2 wA =
+            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plA) * GMAX + gA) * R + 2 * tig]);
+        const float2 wB =
+            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plB) * GMAX + gB) * R + 2 * tig]);
+        uint32_t hiA, loA, hiB, loB;
+        split_half2(wA.x, wA.y, hiA, loA);
+        split_half2(wB.x, wB.y, hiB, loB);
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < PM; ++kk) {
+          const bool onA = plA == kk, onB = plB == kk;
+          const uint32_t a0 = onA ? hiA : 0u, a2 = onA ? loA : 0u;
+          const uint32_t a1 = onB ? hiB : 0u, a3 = onB ? loB : 0u;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+            mma16816(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
         }
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma16816(acc, a0, a1, a2, a3, b0, b1);
-        // logsumexp over the 16 keys (rows gid, gid + 8; lanes differing in gid). The
-        // coefficients of a page sum to zero over its keys, so max_i Z_i >= 0 and
-        // sum_i 2^Z_i >= 1: no max subtraction is needed unless some Z is huge (then the
-        // exact max-shifted form runs; warp-uniform vote).
+        // log2-sum-exp over the 16 keys of each row (rows gid: acc[.][0..1], gid + 8:
+        // acc[.][2..3]; the quad's lanes hold the other keys). The coefficients of a page sum
+        // to zero over its keys, so max_i Z_i >= 0 and sum_i 2^Z_i >= 1: no max subtraction
+        // is needed unless some |Z| is large (then the exact max-shifted form runs; one
+        // warp-uniform vote per M-tile).
+        float amax = 0.0f;
 #pragma unroll
-        for (int y = 0; y < 2; ++y) {
-          const int g = nt * 8 + 2 * tig + y;
-          const float base = g < GMAX ? mt[warp][jj][g] : 0.0f;
-          const float z0 = acc[y], z1 = acc[2 + y];
-          float shift = 0.0f;
-          if (__any_sync(kFull, fmaxf(z0, z1) > 64.0f)) {
-            shift = fmaxf(z0, z1);
-            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 4));
-            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 8));
-            shift = fmaxf(shift, __shfl_xor_sync(kFull, shift, 16));
-          }
-          float l = fast_exp2(z0 - shift) + fast_exp2(z1 - shift);
-          l += __shfl_xor_sync(kFull, l, 4);
-          l += __shfl_xor_sync(kFull, l, 8);
-          l += __shfl_xor_sync(kFull, l, 16);
-          if (gid == 0 && g < GMAX)
-            scw[g * kScoreChunk + jj] = valid ? (base + shift + __log2f(l)) * kLn2 : kNegInf;
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(acc[nt][e]));
+        float sA = 0.0f, sB = 0.0f;
+        if (__any_sync(kFull, amax > 64.0f)) {
+          sA = fmaxf(fmaxf(acc[0][0], acc[0][1]), fmaxf(acc[1][0], acc[1][1]));
+          sB = fmaxf(fmaxf(acc[0][2], acc[0][3]), fmaxf(acc[1][2], acc[1][3]));
+          sA = fmaxf(sA, __shfl_xor_sync(kFull, sA, 1));
+          sB = fmaxf(sB, __shfl_xor_sync(kFull, sB, 1));
+          sA = fmaxf(sA, __shfl_xor_sync(kFull, sA, 2));
+          sB = fmaxf(sB, __shfl_xor_sync(kFull, sB, 2));
+        }
+        float lA = (fast_exp2(acc[0][0] - sA) + fast_exp2(acc[0][1] - sA)) +
+                   (fast_exp2(acc[1][0] - sA) + fast_exp2(acc[1][1] - sA));
+        float lB = (fast_exp2(acc[0][2] - sB) + fast_exp2(acc[0][3] - sB)) +
+                   (fast_exp2(acc[1][2] - sB) + fast_exp2(acc[1][3] - sB));
+        lA += __shfl_xor_sync(kFull, lA, 1);
+        lB += __shfl_xor_sync(kFull, lB, 1);
+        lA += __shfl_xor_sync(kFull, lA, 2);
+        lB += __shfl_xor_sync(kFull, lB, 2);
+        if (tig < 2) {  // lane tig 0 writes row gid, lane tig 1 row gid + 8
+          const bool second = tig == 1;
+          const int jj = t * PM + (second ? plB : plA), g = second ? gB : gA;
+          const float l = second ? lB : lA, sh = second ? sB : sA;
+          scw[g * kScoreChunk + jj] =
+              j0 + jj < n_full ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2 : kNegInf;
         }
       }
     }
