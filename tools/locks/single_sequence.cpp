@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "locks/attention.h"
 #include "locks/error.h"
@@ -26,18 +28,23 @@ CacheLayout layout_for(int64_t tokens, int num_kv_heads, int head_dim, int page_
 
 // Best of `reps` after a warm-up: on a shared machine the minimum is the least disturbed
 // by other processes (a descheduled OpenMP thread stalls a whole parallel region).
-template <typename F>
-double best_ms(int reps, F&& f) {
-  f();  // warm-up: page in memory, size workspaces
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
+// Best of `reps` timings of each of two steps, run alternately so that both see the same
+// machine load (a shared machine otherwise skews whichever runs during a busy spell).
+template <typename A, typename B>
+std::pair<double, double> best_ms_interleaved(int reps, A&& a, B&& b) {
+  a();  // warm-up: page in memory, size workspaces
+  b();
+  auto ms = [](auto& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double best_a = ms(a), best_b = ms(b);
+  for (int i = 1; i < reps; ++i) {
+    best_a = std::min(best_a, ms(a));
+    best_b = std::min(best_b, ms(b));
   }
-  std::sort(ms.begin(), ms.end());
-  return ms.front();
+  return {best_a, best_b};
 }
 
 }  // namespace
@@ -127,12 +134,14 @@ SingleSequence::Timing SingleSequence::time_steps(SummaryStore& summaries, const
   const SummaryView sv = summaries.view();
   const float scale = 1.0f / std::sqrt(float(L.head_dim));
   Timing t;
-  t.locks_ms = best_ms(reps, [&] {
-    decoder.run(cache_.view(), sv, batch_.view, qv, {out.data(), nullptr});
-  });
-  t.dense_ms = best_ms(reps, [&] {
-    cpu::decode_attention_dense(cache_.view(), batch_.view, qv, scale, {out.data(), nullptr});
-  });
+  std::tie(t.locks_ms, t.dense_ms) = best_ms_interleaved(
+      reps,
+      [&] {
+        decoder.run(cache_.view(), sv, batch_.view, qv, {out.data(), nullptr});
+      },
+      [&] {
+        cpu::decode_attention_dense(cache_.view(), batch_.view, qv, scale, {out.data(), nullptr});
+      });
   return t;
 }
 
