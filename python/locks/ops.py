@@ -95,7 +95,8 @@ def select_pages(q: torch.Tensor, s: Summaries, block_table: torch.Tensor, seq_l
                  scale: float | None = None, pages: torch.Tensor | None = None,
                  counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Score pages from summaries, share-average over GQA groups, select under the budget."""
-    batch, heads, page_size = q.shape[0], s[0].shape[1], s[-2].shape[2]
+    coeff = s.coeff_q if isinstance(s, QuantSummaries) else s.coeff  # [N, H, P, r]
+    batch, heads, page_size = q.shape[0], coeff.shape[1], coeff.shape[2]
     if pages is None:
         cap = select_capacity(budget_tokens, page_size, block_table.shape[1], sink_pages, recent_pages)
         pages = torch.empty(batch, heads, cap, dtype=torch.int32, device=q.device)

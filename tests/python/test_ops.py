@@ -150,6 +150,19 @@ def test_select_full_rank_equals_exact_mass_selection():
                 assert pages[b, g, : counts[b, g]].tolist() == ref[b][g], (budget, b, g)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_selection_capacity_is_select_capacity(precision):
+    # The pages tensor is exactly select.h's capacity (the CUDA decoder requires equality).
+    nb, mb = 24, 10
+    k, _ = make_cache(nb)
+    bt, lens = batch(nb, [150, 37], mb)
+    s = ops.new_summaries(nb, H, D, P, 8, precision=precision)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    for budget, cap in ((48, 3), (100, 7), (160, 10), (4096, 10)):
+        pages, counts = ops.select_pages(torch.randn(2, 3 * H, D), s, bt, lens, budget)
+        assert pages.shape == (2, H, cap) == (2, H, ops.select_capacity(budget, P, mb))
+
+
 def test_budget_covering_context_is_dense_bit_for_bit():
     nb, mb = 24, 10
     k, v = make_cache(nb)
