@@ -29,9 +29,6 @@ if not _os.path.exists(_LIB):
         "`pip install --no-build-isolation .` from the repository root"
     )
 _torch.ops.load_library(_LIB)
-# locks_core's own OpenMP pool: 1 thread unless LOCKS_NUM_THREADS says otherwise (see
-# python/csrc/ops_threads.cpp for the measurement behind this default).
-_torch.ops.locks.set_num_threads(int(_os.environ.get("LOCKS_NUM_THREADS", "1")))
 
 from . import ops  # noqa: E402  (registers the fake implementations)
 
