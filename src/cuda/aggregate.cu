@@ -1,8 +1,13 @@
 // GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
 // LSE_h comes from the scoring kernel's per-chunk partials, so each block reads only its
-// own chunk of pages plus G x n_chunks partials.
+// own chunk of pages plus G x n_chunks partials. With at most 32 chunks (contexts up to
+// 4096 pages) every aggregation block reduces its G heads' partials itself (one lane per
+// chunk, the same butterfly as lse_kernel, so the same bits) and the separate LSE launch
+// is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks in
+// every block cost more L2 traffic than the launch).
 #include "common.cuh"
 #include "kernels.cuh"
+#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -15,6 +20,8 @@ static_assert(kThreads == kScoreChunk);
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
                float* __restrict__ head_lse) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float sm[kThreads / 32], sl[kThreads / 32];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -34,13 +41,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kFusedMaxChunks = 32;  // one lane per chunk partial
+
+// fused: head_lse is written here (by the chunk-0 blocks) from chunk_lse [.., n_used <= 32]
+// instead of being read.
+template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
-    aggregate_kernel(const float* __restrict__ hs, const float* __restrict__ head_lse, int M,
-                     int Hq, int Hkv, float* __restrict__ gs) {
+    aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
+                     const float* __restrict__ chunk_lse, int n_chunks, int n_used, int M, int Hq,
+                     int Hkv, float* __restrict__ gs) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float lse[16];
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
-  if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
+  if constexpr (kFused) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int g = warp; g < G; g += kThreads / 32) {
+      const int64_t hrow = int64_t(b) * Hq + h * G + g;
+      const float* cl = chunk_lse + hrow * n_chunks * 2;
+      float m = kNegInf, l = 0.0f;
+      if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
+                    l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        lse_merge(m, l, m2, l2);
+      }
+      if (lane == 0) {
+        const float v = (m == kNegInf) ? kNegInf : m + logf(l);
+        lse[g] = v;
+        if (chunk == 0) head_lse[hrow] = v;
+      }
+    }
+  } else {
+    if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
+  }
   __syncthreads();
   const int j = chunk * kScoreChunk + threadIdx.x;
   if (j >= M) return;
@@ -71,12 +107,16 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
                       cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, kScoreChunk);
-  lse_kernel<<<dim3(unsigned(Hq), unsigned(batch.batch_size)), kThreads, 0, st>>>(
-      chunk_lse, n_chunks, used, head_lse);
-  LOCKS_CUDA_LAUNCHED();
   const dim3 grid(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size));
-  aggregate_kernel<<<grid, kThreads, 0, st>>>(head_scores, head_lse, M, Hq, Hkv, group_scores);
-  LOCKS_CUDA_LAUNCHED();
+  if (used <= kFusedMaxChunks) {
+    launch_pdl(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+               chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+    return;
+  }
+  launch_pdl(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
+             chunk_lse, n_chunks, used, head_lse);
+  launch_pdl(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse, chunk_lse,
+             n_chunks, used, M, Hq, Hkv, group_scores);
 }
 
 }  // namespace locks::cuda::detail

@@ -12,9 +12,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
+#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -102,6 +105,8 @@ __device__ __forceinline__ int kdim(int j, int t) { return 32 * (j / 4) + 8 * t 
 
 template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   using M = Mma<T>;
   constexpr int KS = D / 16;
   constexpr int NV = D / 8;        // n-tiles of the output
@@ -310,6 +315,8 @@ __global__ void __launch_bounds__(256)
                  int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
                  const int32_t* __restrict__ sel_counts, float* __restrict__ out,
                  float* __restrict__ lse) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int E = D / 32;  // dims per lane
   __shared__ float sm[8], sl[8], sacc[8][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
@@ -363,9 +370,14 @@ __global__ void __launch_bounds__(256)
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
   if (a.Hq / a.H <= 8)
-    attn_kernel<T, D, 1><<<grid, kWarps * 32, kAttnSmem, st>>>(a);
+    launch_pdl(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), kAttnSmem, st, a);
   else
-    attn_kernel<T, D, 2><<<grid, kWarps * 32, kAttnSmem, st>>>(a);
+    launch_pdl(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), kAttnSmem, st, a);
+}
+
+template <typename T, int D>
+const void* attn_kernel_for(int G) {
+  return G <= 8 ? (const void*)attn_kernel<T, D, 1> : (const void*)attn_kernel<T, D, 2>;
 }
 
 }  // namespace
@@ -382,6 +394,17 @@ void prepare_attention_kernels() {
   for (const void* f : ks)
     LOCKS_CUDA_CHECK(
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmem));
+}
+
+int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
+  const bool f16 = dtype == DType::f16;
+  const void* f =
+      head_dim == 128
+          ? (f16 ? attn_kernel_for<__half, 128>(group) : attn_kernel_for<__nv_bfloat16, 128>(group))
+          : (f16 ? attn_kernel_for<__half, 64>(group) : attn_kernel_for<__nv_bfloat16, 64>(group));
+  int n = 0;
+  LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32, kAttnSmem));
+  return std::max(n, 1);
 }
 
 void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q, int Hq,
@@ -420,15 +443,14 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
     else
       launch_t<__half, 64>(a, grid, st);
   }
-  LOCKS_CUDA_LAUNCHED();
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
+  const int32_t* counts = sel ? sel->counts : nullptr;
   if (L.head_dim == 128)
-    merge_kernel<128><<<mgrid, 256, 0, st>>>(part_o, part_ml, n_splits, pps, L.num_kv_heads,
-                                             batch.seq_lens, sel ? sel->counts : nullptr, out, lse);
+    launch_pdl(merge_kernel<128>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
+               L.num_kv_heads, batch.seq_lens, counts, out, lse);
   else
-    merge_kernel<64><<<mgrid, 256, 0, st>>>(part_o, part_ml, n_splits, pps, L.num_kv_heads,
-                                            batch.seq_lens, sel ? sel->counts : nullptr, out, lse);
-  LOCKS_CUDA_LAUNCHED();
+    launch_pdl(merge_kernel<64>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
+               L.num_kv_heads, batch.seq_lens, counts, out, lse);
 }
 
 }  // namespace locks::cuda::detail

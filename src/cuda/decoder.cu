@@ -13,7 +13,7 @@ using detail::ceil_div;
 
 constexpr int kDensePagesPerSplit = 16;  // at least 256 tokens, 128 KB of bf16 K+V per KV head
 constexpr int kMaxDenseSplits = 512;     // longer contexts get longer splits (merge stays cheap)
-constexpr int kSparsePagesPerSplit = 4;  // one page per warp: a 2048-token budget gives 32 blocks
+constexpr int kSparsePagesPerSplit = 4;  // at least one page per warp
 
 template <typename T>
 T* dev_alloc(size_t n) {
@@ -48,13 +48,19 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
             Hkv = L.num_kv_heads;
   score_chunks_ = ceil_div(M, detail::kScoreChunk);
   select_chunks_ = ceil_div(M, detail::kSelectChunk);
-  // Sparse splits: about 4 blocks per SM over the whole batch, 4 to 32 pages each.
   int dev = 0, sms = 132;
   LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
   LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t work = int64_t(capacity_) * B * Hkv;
+  detail::prepare_score_kernels();
+  detail::prepare_attention_kernels();
+  // Sparse splits: the whole batch in one wave of the attention kernel (its blocks per SM
+  // from the occupancy calculator: 3 for d 128, shared-memory bound), 4 to 32 pages each.
+  // A split is a few pages per warp, so a second, partial wave would cost a whole block
+  // time (v11: "about 4 blocks per SM" made 512 blocks for 396 slots at 128K batch 8).
+  const int64_t slots = int64_t(detail::attention_blocks_per_sm(L.dtype, L.head_dim, group_)) * sms;
+  const int64_t per_row = std::max<int64_t>(1, slots / (int64_t(B) * Hkv));
   sparse_pps_ =
-      int(std::clamp<int64_t>((work + 4 * sms - 1) / (4 * sms), kSparsePagesPerSplit, 32));
+      int(std::clamp<int64_t>((capacity_ + per_row - 1) / per_row, kSparsePagesPerSplit, 32));
   sparse_pps_ = (sparse_pps_ + 3) / 4 * 4;
   sparse_splits_ = ceil_div(capacity_, sparse_pps_);
   // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each
@@ -75,8 +81,6 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   cand_cnt_ = dev_alloc<int32_t>(size_t(B) * Hkv * select_chunks_);
   part_o_ = dev_alloc<float>(size_t(B) * Hq * splits * L.head_dim);
   part_ml_ = dev_alloc<float>(size_t(B) * Hq * splits * 2);
-  detail::prepare_score_kernels();
-  detail::prepare_attention_kernels();
 }
 
 Decoder::~Decoder() {

@@ -24,6 +24,9 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 // Raises the dynamic shared-memory limits once (outside any graph capture).
 void prepare_score_kernels();
 void prepare_attention_kernels();
+// Resident blocks per SM of the attention kernel for this cache dtype, head_dim and GQA
+// group (after prepare_attention_kernels); sizes the sparse splits to one wave.
+int attention_blocks_per_sm(DType dtype, int head_dim, int group);
 
 // head_lse: workspace [B, Hq] (each head's log-sum-exp over its pages).
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,

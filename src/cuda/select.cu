@@ -11,6 +11,7 @@
 
 #include "common.cuh"
 #include "kernels.cuh"
+#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -132,6 +133,8 @@ __global__ void __launch_bounds__(kThreads)
     select_stage1(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
                   SelectConfig cfg, int cap, int n_chunks, uint32_t* cand_key, int32_t* cand_idx,
                   int32_t* cand_cnt) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ SelectSmem sm;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
   const int64_t row = (int64_t(b) * Hkv + h);
@@ -170,6 +173,8 @@ __global__ void __launch_bounds__(kThreads)
                   int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
                   const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
                   int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ SelectSmem sm;
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
@@ -220,14 +225,12 @@ void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                    int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, kSelectChunk);
-  select_stage1<<<dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)), kThreads, 0,
-                  st>>>(group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks, cand_key,
-                        cand_idx, cand_cnt);
-  LOCKS_CUDA_LAUNCHED();
-  select_stage2<<<dim3(unsigned(Hkv), unsigned(batch.batch_size)), kThreads, 0, st>>>(
-      batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt, out.pages,
-      out.counts);
-  LOCKS_CUDA_LAUNCHED();
+  launch_pdl(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
+             dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks,
+             cand_key, cand_idx, cand_cnt);
+  launch_pdl(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
+             batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt,
+             out.pages, out.counts);
 }
 
 }  // namespace locks::cuda::detail
