@@ -54,7 +54,8 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   detail::prepare_score_kernels();
   detail::prepare_attention_kernels();
   // Sparse splits: the whole batch in one wave of the attention kernel (its blocks per SM
-  // from the occupancy calculator: 3 for d 128, shared-memory bound), 4 to 32 pages each.
+  // from the occupancy calculator: 3 for d 128 and G <= 8 (shared memory), 2 for G 16
+  // (registers)), 4 to 32 pages each.
   // A split is a few pages per warp, so a second, partial wave would cost a whole block
   // time (v11: "about 4 blocks per SM" made 512 blocks for 396 slots at 128K batch 8).
   const int64_t slots = int64_t(detail::attention_blocks_per_sm(L.dtype, L.head_dim, group_)) * sms;
