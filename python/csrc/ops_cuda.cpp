@@ -26,7 +26,7 @@ namespace {
 // workspace, which must not happen inside a graph capture or on every call.
 using DecoderKey =
     std::tuple<int, int64_t, int, int, int, int, int, int, int, int, int, int, float>;
-using BuilderKey = std::tuple<int, int64_t, int, int, int, int, int>;
+using BuilderKey = std::tuple<int, int64_t, int, int, int, int, int, int>;
 std::mutex g_mu;
 std::map<DecoderKey, std::unique_ptr<locks::cuda::Decoder>> g_decoders;
 std::map<BuilderKey, std::unique_ptr<locks::cuda::SummaryBuilder>> g_builders;
@@ -57,9 +57,11 @@ locks::cuda::Decoder& decoder(const locks::CacheLayout& L, int num_q_heads, int 
 
 locks::cuda::SummaryBuilder& builder(const locks::CacheLayout& L, const locks::SummaryLayout& S,
                                      int device) {
-  const BuilderKey key{device,         L.num_blocks, L.page_size,
-                       L.num_kv_heads, L.head_dim,   static_cast<int>(L.dtype),
-                       S.rank};
+  // The precision is part of the plan: an fp32 builder must not serve quant summaries.
+  const BuilderKey key{device,      L.num_blocks,
+                       L.page_size, L.num_kv_heads,
+                       L.head_dim,  static_cast<int>(L.dtype),
+                       S.rank,      static_cast<int>(S.precision)};
   std::lock_guard<std::mutex> lock(g_mu);
   auto& slot = g_builders[key];
   if (!slot)
