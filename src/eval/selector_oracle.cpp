@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "score_rows.h"
 #include "selectors.h"
 
 namespace locks::eval {
@@ -15,33 +16,19 @@ class Oracle final : public PageSelector {
   std::string description() const override { return "Oracle: exact page mass (reads all keys)"; }
   void prepare(const LayerContext&) override {}
   void score(const LayerContext& ctx, const SelectConfig&, float* head_scores) override {
-    const int n = ctx.num_pages, P = ctx.page_size, d = ctx.head_dim;
-    const int64_t rows = int64_t(ctx.steps) * ctx.q_heads;
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int s = static_cast<int>(r / ctx.q_heads), qh = static_cast<int>(r % ctx.q_heads);
-      const int kvh = qh / ctx.group();
-      const float* q = ctx.query(s, qh);
-      float* out = head_scores + r * n;
-      for (int j = 0; j < n; ++j) {
-        if (j >= ctx.num_full_pages) {  // the tail: no score, like every method
-          out[j] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
+    const int P = ctx.page_size, d = ctx.head_dim;
+    score_rows(ctx, head_scores, [&](const float* q, int kvh) {
+      return [&ctx, q, kvh, P, d](int j) {
         double logits[256];
-        double m = -std::numeric_limits<double>::infinity();
         for (int i = 0; i < P; ++i) {
           const float* k = ctx.key(int64_t(j) * P + i, kvh);
           double dot = 0;
           for (int c = 0; c < d; ++c) dot += double(q[c]) * k[c];
           logits[i] = dot * ctx.scale;
-          m = std::max(m, logits[i]);
         }
-        double acc = 0;
-        for (int i = 0; i < P; ++i) acc += std::exp(logits[i] - m);
-        out[j] = static_cast<float>(m + std::log(acc));
-      }
-    }
+        return log_sum_exp(logits, P);
+      };
+    });
   }
   double metadata_bytes_per_page(const LayerContext&) const override { return 0; }
   double scoring_bytes_per_step(const LayerContext& ctx) const override {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "page_minmax.h"
+#include "score_rows.h"
 #include "selectors.h"
 
 namespace locks::eval {
@@ -16,24 +17,14 @@ class Quest final : public PageSelector {
   std::string description() const override { return "Quest: per-page channel min/max upper bound"; }
   void prepare(const LayerContext& ctx) override { mm_.build(ctx); }
   void score(const LayerContext& ctx, const SelectConfig&, float* head_scores) override {
-    const int n = ctx.num_pages, d = ctx.head_dim;
+    const int d = ctx.head_dim;
     std::vector<int> all(d);
     std::iota(all.begin(), all.end(), 0);
-    const int64_t rows = int64_t(ctx.steps) * ctx.q_heads;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int s = static_cast<int>(r / ctx.q_heads), qh = static_cast<int>(r % ctx.q_heads);
-      const int kvh = qh / ctx.group();
-      const float* q = ctx.query(s, qh);
-      float* out = head_scores + r * n;
-      for (int j = 0; j < n; ++j) {
-        out[j] =
-            j < ctx.num_full_pages
-                ? static_cast<float>(ctx.scale * channel_bound(q, mm_.min(j, kvh, d),
-                                                               mm_.max(j, kvh, d), all.data(), d))
-                : -std::numeric_limits<float>::infinity();
-      }
-    }
+    score_rows(ctx, head_scores, [&](const float* q, int kvh) {
+      return [&, q, kvh](int j) {
+        return ctx.scale * channel_bound(q, mm_.min(j, kvh, d), mm_.max(j, kvh, d), all.data(), d);
+      };
+    });
   }
   double metadata_bytes_per_page(const LayerContext& ctx) const override {
     return 2.0 * ctx.head_dim * 2.0;

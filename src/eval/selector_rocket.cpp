@@ -14,6 +14,7 @@
 
 #include "locks/error.h"
 #include "page_minmax.h"
+#include "score_rows.h"
 #include "selectors.h"
 
 namespace locks::eval {
@@ -44,26 +45,16 @@ class Rocket final : public PageSelector {
   }
 
   void score(const LayerContext& ctx, const SelectConfig&, float* head_scores) override {
-    const int n = ctx.num_pages, d = ctx.head_dim, r = dims(ctx);
-    const int64_t rows = int64_t(ctx.steps) * ctx.q_heads;
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int s = static_cast<int>(row / ctx.q_heads), qh = static_cast<int>(row % ctx.q_heads);
-      const int kvh = qh / ctx.group();
-      const float* q = ctx.query(s, qh);
+    const int d = ctx.head_dim, r = dims(ctx);
+    score_rows(ctx, head_scores, [&](const float* q, int kvh) {
       std::vector<int> idx(d);
       std::iota(idx.begin(), idx.end(), 0);
       std::stable_sort(idx.begin(), idx.end(),
                        [&](int a, int b) { return std::fabs(q[a]) > std::fabs(q[b]); });
-      float* out = head_scores + row * n;
-      for (int j = 0; j < n; ++j) {
-        out[j] =
-            j < ctx.num_full_pages
-                ? static_cast<float>(ctx.scale * channel_bound(q, mm_.min(j, kvh, d),
-                                                               mm_.max(j, kvh, d), idx.data(), r))
-                : -std::numeric_limits<float>::infinity();
-      }
-    }
+      return [&, q, kvh, idx = std::move(idx)](int j) {
+        return ctx.scale * channel_bound(q, mm_.min(j, kvh, d), mm_.max(j, kvh, d), idx.data(), r);
+      };
+    });
   }
 
   void adjust_group_scores(const LayerContext& ctx, const SelectConfig& cfg,

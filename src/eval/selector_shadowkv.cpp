@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 
+#include "score_rows.h"
 #include "selectors.h"
 
 namespace locks::eval {
@@ -75,33 +76,20 @@ class ShadowKv final : public PageSelector {
   }
 
   void score(const LayerContext& ctx, const SelectConfig&, float* head_scores) override {
-    const int n = ctx.num_pages, d = ctx.head_dim, cpp = ctx.page_size / C_;
-    const int64_t rows = int64_t(ctx.steps) * ctx.q_heads;
+    const int d = ctx.head_dim, cpp = ctx.page_size / C_;
     const double logC = std::log(double(C_));
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int s = static_cast<int>(row / ctx.q_heads), qh = static_cast<int>(row % ctx.q_heads);
-      const int kvh = qh / ctx.group();
-      const float* q = ctx.query(s, qh);
-      float* out = head_scores + row * n;
-      for (int j = 0; j < n; ++j) {
-        if (j >= ctx.num_full_pages) {
-          out[j] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        double l[256], m = -std::numeric_limits<double>::infinity();
+    score_rows(ctx, head_scores, [&](const float* q, int kvh) {
+      return [&, q, kvh](int j) {
+        double l[256];
         for (int c = 0; c < cpp; ++c) {
           const float* lm = landmark(ctx, j, kvh, c);
           double dot = 0;
           for (int e = 0; e < d; ++e) dot += double(q[e]) * lm[e];
           l[c] = dot * ctx.scale;
-          m = std::max(m, l[c]);
         }
-        double sum = 0;
-        for (int c = 0; c < cpp; ++c) sum += std::exp(l[c] - m);
-        out[j] = static_cast<float>(logC + m + std::log(sum));
-      }
-    }
+        return logC + log_sum_exp(l, cpp);
+      };
+    });
   }
 
   void adjust_group_scores(const LayerContext& ctx, const SelectConfig& cfg,

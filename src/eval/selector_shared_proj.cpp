@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "locks/error.h"
+#include "score_rows.h"
 #include "selectors.h"
 #include "shared_basis.h"
 
@@ -48,13 +49,8 @@ class SharedProj final : public PageSelector {
     }
   }
   void score(const LayerContext& ctx, const SelectConfig&, float* head_scores) override {
-    const int n = ctx.num_pages, d = ctx.head_dim, P = ctx.page_size;
-    const int64_t rows = int64_t(ctx.steps) * ctx.q_heads;
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int s = static_cast<int>(row / ctx.q_heads), qh = static_cast<int>(row % ctx.q_heads);
-      const int kvh = qh / ctx.group();
-      const float* q = ctx.query(s, qh);
+    const int d = ctx.head_dim, P = ctx.page_size;
+    score_rows(ctx, head_scores, [&](const float* q, int kvh) {
       const float* W = basis_[kvh].data();
       std::vector<double> qp(R_);
       for (int r = 0; r < R_; ++r) {
@@ -62,25 +58,17 @@ class SharedProj final : public PageSelector {
         for (int c = 0; c < d; ++c) acc += double(W[size_t(r) * d + c]) * q[c];
         qp[r] = acc * ctx.scale;
       }
-      float* out = head_scores + row * n;
-      for (int j = 0; j < n; ++j) {
-        if (j >= ctx.num_full_pages) {
-          out[j] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        double l[256], m = -std::numeric_limits<double>::infinity();
+      return [&, kvh, qp = std::move(qp)](int j) {
+        double l[256];
         for (int i = 0; i < P; ++i) {
           const float* p = proj_[kvh].data() + (int64_t(j) * P + i) * R_;
           double acc = 0;
           for (int r = 0; r < R_; ++r) acc += qp[r] * p[r];
           l[i] = acc;
-          m = std::max(m, acc);
         }
-        double sum = 0;
-        for (int i = 0; i < P; ++i) sum += std::exp(l[i] - m);
-        out[j] = static_cast<float>(m + std::log(sum));
-      }
-    }
+        return log_sum_exp(l, P);
+      };
+    });
   }
   double metadata_bytes_per_page(const LayerContext& ctx) const override {
     const int R = p_.basis_rank > 0 ? p_.basis_rank : ctx.head_dim / 4;
