@@ -132,18 +132,6 @@ void select_pages_quant_cpu(const at::Tensor& q, const at::Tensor& mu_q, const a
          block_table, seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts);
 }
 
-locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse, const locks::QueryView& q,
-                                   int batch, int head_dim) {
-  require(out, "out", at::kFloat, 3, kCpu);
-  require(lse, "lse", at::kFloat, 2, kCpu);
-  TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
-                    "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
-                    out.sizes());
-  TORCH_CHECK_VALUE(lse.size(0) == batch && lse.size(1) == q.num_q_heads, "lse: expected [", batch,
-                    ", ", q.num_q_heads, "], got ", lse.sizes());
-  return {out.data_ptr<float>(), lse.data_ptr<float>()};
-}
-
 void sparse_decode_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const at::Tensor& block_table, const at::Tensor& seq_lens,
                        const at::Tensor& pages, const at::Tensor& counts, double scale,
@@ -154,7 +142,8 @@ void sparse_decode_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
   const locks::Selection sel =
       selection_view(pages, counts, batch.batch_size, layout.num_kv_heads, kCpu);
-  const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
+  const locks::AttentionOutput o =
+      output_view(out, lse, qv, batch.batch_size, layout.head_dim, kCpu);
   const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
   translate_errors([&] {
     locks::cpu::decode_attention_sparse(cache, batch, qv, static_cast<float>(scale), sel, o);
@@ -168,7 +157,8 @@ void dense_decode_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::
   TORCH_CHECK_VALUE(k_cache.device() == kCpu, "k_cache: expected a CPU tensor");
   const locks::BatchView batch = batch_view(block_table, seq_lens, kCpu);
   const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim, kCpu);
-  const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
+  const locks::AttentionOutput o =
+      output_view(out, lse, qv, batch.batch_size, layout.head_dim, kCpu);
   const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
   translate_errors(
       [&] { locks::cpu::decode_attention_dense(cache, batch, qv, static_cast<float>(scale), o); });

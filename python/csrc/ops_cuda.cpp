@@ -200,18 +200,6 @@ void select_pages_quant_cuda(const at::Tensor& q, const at::Tensor& mu_q,
       block_table, seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts);
 }
 
-locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse, const locks::QueryView& q,
-                                   int batch, int head_dim, const at::Device& dev) {
-  require(out, "out", at::kFloat, 3, dev);
-  require(lse, "lse", at::kFloat, 2, dev);
-  TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
-                    "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
-                    out.sizes());
-  TORCH_CHECK_VALUE(lse.size(0) == batch && lse.size(1) == q.num_q_heads, "lse: expected [", batch,
-                    ", ", q.num_q_heads, "], got ", lse.sizes());
-  return {out.data_ptr<float>(), lse.data_ptr<float>()};
-}
-
 void sparse_decode_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_table, const at::Tensor& seq_lens,
                         const at::Tensor& pages, const at::Tensor& counts, double scale,

@@ -200,6 +200,20 @@ inline locks::Selection selection_view(const at::Tensor& pages, const at::Tensor
   return {pages.data_ptr<int32_t>(), counts.data_ptr<int32_t>(), static_cast<int>(pages.size(2))};
 }
 
+// The attention outputs: out [batch, q_heads, d] and lse [batch, q_heads], float32 on dev.
+inline locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse,
+                                          const locks::QueryView& q, int batch, int head_dim,
+                                          const at::Device& dev) {
+  require(out, "out", at::kFloat, 3, dev);
+  require(lse, "lse", at::kFloat, 2, dev);
+  TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
+                    "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
+                    out.sizes());
+  TORCH_CHECK_VALUE(lse.size(0) == batch && lse.size(1) == q.num_q_heads, "lse: expected [", batch,
+                    ", ", q.num_q_heads, "], got ", lse.sizes());
+  return {out.data_ptr<float>(), lse.data_ptr<float>()};
+}
+
 // Run f, turning locks::Error (bad input caught by the core) into a Python ValueError.
 template <typename F>
 void translate_errors(F&& f) {
