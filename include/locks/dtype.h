@@ -47,9 +47,10 @@ inline uint16_t float_to_half(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7FFFFFFFu;
-  if (absx >= 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0));
+  if (absx >= 0x7F800000u)
+    return static_cast<uint16_t>(sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0));
   if (absx >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow -> inf
-  if (absx < 0x38800000u) {                                                // subnormal or zero
+  if (absx < 0x38800000u) {                                               // subnormal or zero
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
     const uint32_t e = absx >> 23;
     const uint32_t m = (absx & 0x7FFFFFu) | 0x800000u;

@@ -12,8 +12,8 @@ namespace locks {
 
 struct NpyArray {
   std::vector<int64_t> shape;
-  std::vector<float> data;  // converted to float32, C order
-  std::string source_dtype; // "float32" or "float16" (what the file held)
+  std::vector<float> data;   // converted to float32, C order
+  std::string source_dtype;  // "float32" or "float16" (what the file held)
   int64_t size() const;
 };
 

@@ -30,10 +30,10 @@
 namespace locks {
 
 enum class SynthKind : int {
-  gaussian = 0,     // (a) i.i.d. N(0,1) K, V, q, as in the seed's demo
-  local_lowrank,    // (b) each page in its own random low-rank subspace; a few relevant pages
-  blind_spot,       // (c) relevant pages whose key structure lies outside the dominant global subspace
-  needles,          // (d) peaked attention: a few needle tokens carry most of the mass
+  gaussian = 0,   // (a) i.i.d. N(0,1) K, V, q, as in the seed's demo
+  local_lowrank,  // (b) each page in its own random low-rank subspace; a few relevant pages
+  blind_spot,  // (c) relevant pages whose key structure lies outside the dominant global subspace
+  needles,     // (d) peaked attention: a few needle tokens carry most of the mass
 };
 const char* synth_name(SynthKind k);
 SynthKind synth_from_name(const std::string& name);  // throws locks::Error on unknown
@@ -45,7 +45,7 @@ struct SynthConfig {
   int num_q_heads = 1;
   int head_dim = 128;
   int page_size = 16;
-  int steps = 1;          // decode queries
+  int steps = 1;  // decode queries
   uint64_t seed = 0;
 };
 
