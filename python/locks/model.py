@@ -61,5 +61,7 @@ def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype = torch.
             pass
         del model
     tok = AutoTokenizer.from_pretrained(cached)
+    if tok.pad_token is None:  # some transformers versions drop the GGUF's pad token; batches need one
+        tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device).eval(), tok

@@ -19,6 +19,13 @@ def smol():
     return load_smollm2()
 
 
+def test_tokenizer_pads_batches(smol):
+    _, tok = smol
+    assert tok.pad_token is not None  # the loader sets one when the GGUF's is lost
+    enc = tok(["a", "a much longer prompt"], return_tensors="pt", padding=True)
+    assert enc["input_ids"].shape[0] == 2
+
+
 def test_budget_covering_context_is_token_identical(smol):
     model, tok = smol
     text = corpus.text("gpl3")
