@@ -3,7 +3,10 @@
 # uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
-#   scripts/gpu_tests.sh [tests] [memcheck] [racecheck] [bench] [bench-quick]   (default: all)
+#   scripts/gpu_tests.sh [tests] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
+#   (default: tests memcheck racecheck bench). ab: same-run A/B of the bench binary against
+#   LOCKS_BENCH_BASE (another build's locks_bench_cuda) on the rows in LOCKS_AB_ROWS
+#   ("model context batch" separated by ';'), each row twice, alternating binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -48,6 +51,18 @@ for p in "${phases[@]}"; do
       [ $rc -eq 0 ] || status=1 ;;
     bench)
       timeout 420 "$BENCH" "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" ;;
+    ab)
+      base=${LOCKS_BENCH_BASE:?set LOCKS_BENCH_BASE to the baseline locks_bench_cuda}
+      IFS=';' read -ra rows <<<"${LOCKS_AB_ROWS:-Llama 131072 8;Llama 1048576 1;Llama 131072 1;GLM 1048576 1}"
+      for rep in 1 2; do
+        for row in "${rows[@]}"; do
+          for bin in "$base" "$BENCH"; do
+            echo "== rep $rep $(basename "$bin") $row" | tee -a "$OUT/ab.log"
+            # shellcheck disable=SC2086
+            timeout 60 "$bin" /dev/null --only $row 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
+          done
+        done
+      done ;;
     bench-quick)
       timeout 240 "$BENCH" "$OUT/bench.csv" --quick 2>&1 | tee "$OUT/bench.log" ;;
     profile)
