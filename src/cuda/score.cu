@@ -7,7 +7,8 @@
 //    on the tensor cores (mma.sync m16n8k16, fp16 in, fp32 accumulate). The int8/int4 codes
 //    are exact in fp16; the query (and the projected query) is split into fp16 hi + lo
 //    columns, so the products keep about 22 bits: as accurate as fp32 CUDA-core code.
-//    Products: [2 pages x 8 basis rows] x [d x 2G] (V q), [16 pages] x [d x 2G] (q.mu),
+//    Products: [2 pages x 8 basis rows] x [d x 2G] (V q), [(G heads x hi/lo) x 2 halves
+//    of d] x [d/2 x (4 pages x 2 halves)] (q.mu; G <= 4 or d 64, else [16 pages] x [d x 2G]),
 //    [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
 //    that each head's 16 keys sum within a lane quad).
 //  * score_generic (fp32 summaries or other shapes): CUDA cores, one warp per page.
@@ -236,13 +237,14 @@ __device__ __forceinline__ void split_half2(float x0, float x1, uint32_t& hi, ui
 }
 
 // Asynchronous 16-byte (or 4-byte) global -> shared copies; src_size 0 fills zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16_u32(uint32_t d, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ void cp_async4_u32(uint32_t d, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 4 : 0));
 }
@@ -267,55 +269,65 @@ struct Stage {
   float muscale[kPages];
 };
 
-// Issue the copies of pages j0 .. j0+kSP-1 (block ids from the lanes 0..kSP-1 of `blk`).
+// A lane's share of the stage copies: lane l copies page l / 8 of the stage, 16-byte chunk
+// l % 8 (+ 8 i) of its basis, centroid and coefficients, and lanes l % 8 < 5 one scale
+// chunk. The per-lane source offsets and shared-memory slots are fixed for the whole
+// kernel, so a stage costs one shuffle (the page's block id) and one wide multiply-add
+// per array: no per-chunk address arithmetic.
 template <int D>
-__device__ __forceinline__ void stage_load(Stage<D>& st, const SumView& S, int H, int h, int j0,
-                                           int n_full, int32_t blk, int lane) {
-  constexpr int R = 8, P = 16;
-  constexpr int BC = R * D / 2 / 16, MC = D / 16, CC = P * R / 16;  // 16-byte chunks per page
-  auto bh_of = [&](int p) {
-    const int32_t b = __shfl_sync(kFull, blk, p);
-    return int64_t(b < 0 ? 0 : b) * H + h;
-  };
-  // Every lane runs every pass (the shuffles need the whole warp); lanes past the end idle.
+struct StageLoader {
+  static_assert(kSP * 8 == 32, "8 lanes per page of the stage");
+  static constexpr int R = 8, P = 16;
+  static constexpr int NB = R * D / 2 / 16 / 8;  // basis chunks per lane (4 or 2)
+  static constexpr int MC = D / 16;              // centroid chunks per page (8 or 4)
+  const uint8_t* basis;                          // basis_q + lane chunk offset, etc.
+  const int8_t* mu;
+  const int8_t* coeff;
+  const char* scl;      // this lane's scale array + offset (lanes l % 8 < 5)
+  uint32_t scl_stride;  // bytes per (block, head) of that scale array
+  uint32_t dst;         // shared address of this lane's basis slot in stage buffer 0
+  uint32_t mu_off, coeff_off, scl_off;  // slots of the other arrays, relative to dst
+  int page, role;                       // page of the stage (lane / 8), lane % 8
+
+  __device__ void init(const SumView& S, Stage<D>* my, int lane) {
+    page = lane >> 3;
+    role = lane & 7;
+    basis = S.basis_q + role * 16;
+    mu = S.mu_q + (role < MC ? role : 0) * 16;
+    coeff = S.coeff_q + role * 16;
+    const int half = role & 1;
+    scl = role < 2   ? reinterpret_cast<const char*>(S.basis_scale + 4 * half)
+          : role < 4 ? reinterpret_cast<const char*>(S.coeff_scale + 4 * half)
+                     : reinterpret_cast<const char*>(S.mu_scale);
+    scl_stride = role < 4 ? R * 4 : 4;
+    Stage<D>& st = my[0];
+    const uint32_t base = smem_u32(&st.basis[page][role * 16]);
+    dst = base;
+    mu_off = smem_u32(&st.mu[page][(role < MC ? role : 0) * 16]) - base;
+    coeff_off = smem_u32(&st.coeff[page][role * 16]) - base;
+    scl_off = (role < 2   ? smem_u32(&st.bscale[page][4 * half])
+               : role < 4 ? smem_u32(&st.cscale[page][4 * half])
+                          : smem_u32(&st.muscale[page])) -
+              base;
+  }
+  // blk: block id of this lane's page (-1 past the sequence's full pages: zero-filled).
+  __device__ __forceinline__ void load(int buf, int32_t blk, int H, int h) const {
+    const bool valid = blk >= 0;
+    const uint32_t bh = uint32_t(valid ? blk : 0) * uint32_t(H) + uint32_t(h);
+    const uint32_t d = dst + uint32_t(buf * sizeof(Stage<D>));
+    const uint8_t* sb = basis + uint64_t(bh) * (R * D / 2);
 #pragma unroll
-  for (int c0 = 0; c0 < kSP * BC; c0 += 32) {
-    const int c = c0 + lane, p = min(c / BC, kSP - 1);
-    const int64_t bh = bh_of(p);
-    if (c < kSP * BC)
-      cp_async16(&st.basis[p][(c % BC) * 16], S.basis_q + bh * (R * D / 2) + (c % BC) * 16,
-                 j0 + p < n_full);
+    for (int i = 0; i < NB; ++i) cp_async16_u32(d + 128 * i, sb + 128 * i, valid);
+    // (at d 64, lanes past the 4 centroid chunks copy none: not even a zero fill)
+    if (MC == 8 || role < MC) cp_async16_u32(d + mu_off, mu + uint64_t(bh) * D, valid);
+    cp_async16_u32(d + coeff_off, coeff + uint64_t(bh) * (P * R), valid);
+    const char* ss = scl + uint64_t(bh) * scl_stride;
+    if (role < 4)
+      cp_async16_u32(d + scl_off, ss, valid);
+    else if (role == 4)
+      cp_async4_u32(d + scl_off, ss, valid);
   }
-#pragma unroll
-  for (int c0 = 0; c0 < kSP * MC; c0 += 32) {
-    const int c = c0 + lane, p = min(c / MC, kSP - 1);
-    const int64_t bh = bh_of(p);
-    if (c < kSP * MC)
-      cp_async16(&st.mu[p][(c % MC) * 16], S.mu_q + bh * D + (c % MC) * 16, j0 + p < n_full);
-  }
-#pragma unroll
-  for (int c0 = 0; c0 < kSP * CC; c0 += 32) {
-    const int c = c0 + lane, p = min(c / CC, kSP - 1);
-    const int64_t bh = bh_of(p);
-    if (c < kSP * CC)
-      cp_async16(&st.coeff[p][(c % CC) * 16], S.coeff_q + bh * (P * R) + (c % CC) * 16,
-                 j0 + p < n_full);
-  }
-  {  // scales: lanes 0-7 basis scales, 8-15 coefficient scales (2 chunks per page each),
-     // lanes 16-19 the centroid scales
-    static_assert(kSP == 4, "the lane split below assumes 4 pages per stage");
-    const int p = (lane >> 1) & (kSP - 1), half = lane & 1;
-    const int64_t bh = bh_of(p);
-    if (lane < 2 * kSP)
-      cp_async16(&st.bscale[p][4 * half], S.basis_scale + bh * R + 4 * half, j0 + p < n_full);
-    else if (lane < 4 * kSP)
-      cp_async16(&st.cscale[p][4 * half], S.coeff_scale + bh * R + 4 * half, j0 + p < n_full);
-    const int pm = lane & (kSP - 1);
-    const int64_t bm = bh_of(pm);
-    if (lane >= 4 * kSP && lane < 5 * kSP)
-      cp_async4(&st.muscale[pm], S.mu_scale + bm, j0 + pm < n_full);
-  }
-}
+};
 
 // D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
 // Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
@@ -338,6 +350,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   constexpr int GMAX = 4 * NT1;
   constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
   constexpr int kStages = kPerWarp / kSP;
+  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap.
+  constexpr bool kMuT = NT1 == 1 || D == 64;
   __shared__ float qs[GMAX][D + 4];
   __shared__ float unscale[GMAX];
   __shared__ float sc[GMAX * kScoreChunk];
@@ -358,10 +372,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   // Block ids of the warp's 32 pages: lane l holds page jw + l (-1 past the full pages).
   const int32_t blk_all = (jw + lane < n_full) ? bt[jw + lane] : -1;
   const int n_stages = jw < n_full ? min(kStages, (n_full - jw + kSP - 1) / kSP) : 0;
+  StageLoader<D> ld;
+  ld.init(S, my, lane);
   auto issue = [&](int s) {
-    if (s < n_stages)
-      stage_load<D>(my[s & 1], S, H, h, jw + kSP * s, n_full,
-                    __shfl_sync(kFull, blk_all, kSP * s + (lane & (kSP - 1))), lane);
+    if (s < n_stages)  // warp-uniform: the whole warp takes part in the shuffle
+      ld.load(s & 1, __shfl_sync(kFull, blk_all, kSP * s + ld.page), H, h);
     cp_async_commit();
   };
   issue(0);
@@ -400,6 +415,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     }
   }
 
+  // A fragments of the query for q.mu: m-tile mt holds heads 4 mt .. 4 mt + 3; row gid is
+  // head 4 mt + gid / 2 (hi or lo) over dims [0, d/2), row gid + 8 the same over [d/2, d).
+  // The dims of a k-step match the centroid chunk a lane converts (see (a)).
+  uint32_t aq[kMuT ? NT1 : 1][KS / 2][4];
+#pragma unroll
+  for (int mt_ = 0; mt_ < (kMuT ? NT1 : 0); ++mt_) {
+    const int g = mt_ * 4 + (gid >> 1);
+    const bool lo = gid & 1;
+#pragma unroll
+    for (int k = 0; k < KS / 2; ++k)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * k + x;
+          const int dim = r * (D / 2) + (D / 8) * tig + 8 * (i / 4) + (i % 4);
+          const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+          const float e0 = lo ? v0 - hi_part(v0) : v0, e1 = lo ? v1 - hi_part(v1) : v1;
+          aq[mt_][k][2 * x + r] = pack_half2(e0, e1);
+        }
+  }
+
   for (int s = 0; s < kStages; ++s) {
     const int j0 = jw + kSP * s;
     float* scw = sc + warp * kPerWarp + kSP * s;  // sc[g * 128 + ...]
@@ -410,8 +447,46 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     cp_async_wait<1>();
     __syncwarp();
     const Stage<D>& st = my[s & 1];
-    // (a) q.mu for the stage's pages: A rows gid < kSP (the other rows are zero).
-    {
+    if constexpr (kMuT) {  // (a) q.mu for the stage's pages, transposed so that no mma row is
+                           // padding: A rows are
+      // (head, hi/lo) of the query over the first (rows gid) or second (rows gid + 8) half of
+      // the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
+      // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
+      {
+        uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 16-byte (d 128) or 8-byte chunks
+        const int8_t* src = &st.mu[gid >> 1][(gid & 1) * (D / 2) + (D / 8) * tig];
+        if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+          int8x8_to_half2(u.z, u.w, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[4 + m] = o[m];
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+        }
+        const float ms = st.muscale[tig];
+#pragma unroll
+        for (int mt_ = 0; mt_ < NT1; ++mt_) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < KS / 2; ++k)
+            mma16816(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
+                     rb[2 * k + 1]);
+          float v = acc[0] + acc[3];
+          v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
+          const int g = mt_ * 4 + (gid >> 1);
+          if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+        }
+      }
+    } else {  // (a') q.mu with the centroids as A rows gid < kSP (the other rows are zero);
+      // no extra registers for the query fragments
       uint32_t ra[KS * 2];
       const bool row_ok = gid < kSP;
       const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
