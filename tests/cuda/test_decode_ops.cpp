@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
 #include <set>
 
 #include "gpu_helpers.h"
@@ -110,6 +112,17 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   cpu::select_pages(ga.data(), hb, c.Hkv, P, c.sel, Selection{cp.data(), ccnt.data(), cap});
   EXPECT_EQ(gcnt, ccnt);
   EXPECT_EQ(gp, cp);
+
+  // 3b. aggregation fused into selection (run()'s path): the same selection, bit for bit.
+  CK(cudaMemset(gsel.pages, 0x7f, gp.size() * 4));
+  CK(cudaMemset(gsel.counts, 0x7f, gcnt.size() * 4));
+  dec.aggregate_select(db, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<int32_t> fp(gp.size()), fcnt(gcnt.size());
+  CK(cudaMemcpy(fp.data(), gsel.pages, fp.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(fcnt.data(), gsel.counts, fcnt.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(fcnt, ccnt);
+  EXPECT_EQ(fp, cp);
 
   // 4. sparse attention with the GPU selection, dense attention: vs float64 reference.
   for (int dense = 0; dense < 2; ++dense) {
@@ -237,6 +250,71 @@ TEST(DecodeSelect, TiesGoToTheLowerIndex) {
                     Selection{cp.data(), cc.data(), s.capacity});
   EXPECT_EQ(gcnt, cc);
   EXPECT_EQ(gp, cp);
+}
+
+// The fused aggregation + selection with massive exact ties in the group scores, over
+// sequences longer than one 4096-page selection chunk: ties go to the lower index across
+// chunks, exactly like the CPU on the GPU's own group scores.
+TEST(DecodeSelect, FusedTiesAcrossChunks) {
+  SKIP_WITHOUT_GPU();
+  const int P = 16, r = 8, Hkv = 2, G = 4, Hq = Hkv * G, d = 64;
+  const std::vector<int64_t> lens = {16 * 9000 + 5, 16 * 4097, 16 * 4096, 300};
+  int64_t blocks = 0;
+  for (auto l : lens) blocks += (l + P - 1) / P;
+  CacheLayout L{blocks, P, Hkv, d, DType::bf16};
+  GpuCache gc(L);
+  for (size_t s = 0; s < lens.size(); ++s) {
+    std::vector<float> k, v;
+    make_kv(lens[s], Hkv, d, P, 6, 77 + s, k, v);
+    gc.add(k, v, lens[s]);
+  }
+  gc.sync();
+  const int B = int(lens.size()), M = gc.batch.view.max_blocks_per_seq;
+  const std::vector<int32_t> ids = gc.full_blocks();
+  SummaryLayout sl = summary_layout_for(L, r, Precision::quant);
+  SummaryStore store(sl);
+  cpu::summary_build(gc.host.view(), ids.data(), int64_t(ids.size()), store.view());
+  GpuSummaries gs(sl);
+  gs.upload_from(store);
+  const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 9);
+  DevBuf<float> dq(q);
+  const SelectConfig sc{1024, 2, 3};
+  cuda::Decoder dec(cuda::Plan{L, Hq, B, M, DecodeConfig{sc, 0.0f}});
+  const BatchView db = gc.dbatch();
+  dec.score(gs.view(), db, QueryView{dq.p, Hq}, nullptr);  // chunk LSE partials
+  // Head scores on four levels, the same for every head of a group: group scores tie
+  // exactly (same inputs, same operations); -inf past the full pages, like scoring.
+  std::mt19937 rng(11);
+  std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hkv; ++h)
+      for (int64_t j = 0; j < lens[size_t(b)] / P; ++j) {
+        const float x = float(int(rng() % 4)) * 0.25f - 9.0f;
+        for (int g = 0; g < G; ++g) hs[(size_t(b) * Hq + h * G + g) * M + j] = x;
+      }
+  CK(cudaMemcpy(const_cast<float*>(dec.head_scores()), hs.data(), hs.size() * 4,
+                cudaMemcpyHostToDevice));
+  dec.aggregate(db, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ga(size_t(B) * Hkv * M);
+  CK(cudaMemcpy(ga.data(), dec.group_scores(), ga.size() * 4, cudaMemcpyDeviceToHost));
+  const Selection s = dec.selection();
+  std::vector<int32_t> cp(size_t(B) * Hkv * s.capacity), cc(size_t(B) * Hkv);
+  cpu::select_pages(ga.data(), gc.batch.view, Hkv, P, sc,
+                    Selection{cp.data(), cc.data(), s.capacity});
+  for (int fused = 0; fused < 2; ++fused) {
+    CK(cudaMemset(s.pages, 0x7f, cp.size() * 4));
+    if (fused)
+      dec.aggregate_select(db, nullptr);
+    else
+      dec.select(db, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<int32_t> gp(cp.size()), gcnt(cc.size());
+    CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(gcnt, cc) << (fused ? "fused" : "select");
+    EXPECT_EQ(gp, cp) << (fused ? "fused" : "select");
+  }
 }
 
 TEST(DecodePlan, RejectsUnsupportedShapes) {
