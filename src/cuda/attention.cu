@@ -136,11 +136,19 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   const int len = a.seq_lens[b];
   const int n_pages = (len + 15) / 16;
   const int64_t row = int64_t(b) * a.H + h;
-  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
   const int start = split * a.pages_per_split;
+  // Logical page of this warp's page k (position start + warp + kWarps k): read from the
+  // selection list before its count is known (the list is allocated up to sel_cap), so the
+  // count, list and block-table loads are not three dependent latencies before the first copy.
+  auto page_at = [&](int k) {
+    const int pos = start + warp + kWarps * k;
+    return a.sel_pages ? (pos < a.sel_cap ? a.sel_pages[row * a.sel_cap + pos] : 0) : pos;
+  };
+  const int j0 = page_at(lane);
+  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
   if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
-  // This warp's pages: k = 0 .. nw-1 at positions start + warp + kWarps k (warp-uniform).
+  // This warp's pages: k = 0 .. nw-1 (warp-uniform count).
   const int nw = max(0, (stop - start - warp + kWarps - 1) / kWarps);
 
   float o[NV][4];
@@ -157,19 +165,16 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
 
   // Cache blocks and valid-token counts of 32 pages at a time, lane i holding page k0 + i,
   // the next 32 prefetched: the copies never wait on a dependent block-table load.
-  auto load_chunk = [&](int k0, int& blk, int& nv) {
-    const int k = k0 + lane;
+  auto load_chunk = [&](int k0, int j, int& blk, int& nv) {
     blk = 0, nv = 0;
-    if (k < nw) {
-      const int pos = start + warp + kWarps * k;
-      const int j = a.sel_pages ? a.sel_pages[row * a.sel_cap + pos] : pos;
+    if (k0 + lane < nw) {
       blk = bt[j];
       nv = j == n_pages - 1 ? len - 16 * j : 16;
     }
   };
   int cur_blk, cur_nv, nxt_blk, nxt_nv;
-  load_chunk(0, cur_blk, cur_nv);
-  load_chunk(32, nxt_blk, nxt_nv);
+  load_chunk(0, j0, cur_blk, cur_nv);
+  load_chunk(32, 32 < nw ? page_at(32 + lane) : 0, nxt_blk, nxt_nv);
 
   // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc).
   const int lr = lane / CH, lc = lane % CH;
@@ -186,7 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   auto blk_of = [&](int k, int& nv) {
     if ((k & 31) == 0 && k > 0) {
       cur_blk = nxt_blk, cur_nv = nxt_nv;
-      load_chunk(k + 32, nxt_blk, nxt_nv);
+      load_chunk(k + 32, page_at(k + 32 + lane), nxt_blk, nxt_nv);
     }
     nv = __shfl_sync(kFull, cur_nv, k & 31);
     return __shfl_sync(kFull, cur_blk, k & 31);
