@@ -66,9 +66,17 @@ struct Mma<__half> {
   }
 };
 
+// Rows are 256-byte aligned at d 128 and every instruction reads whole rows: the L2 may then
+// fetch each row from DRAM as one 256-byte access (a hint; d 64 rows are 128 bytes).
+template <int RowBytes>
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+  if constexpr (RowBytes >= 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
+                 : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -184,7 +192,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
 #pragma unroll
     for (int q = 0; q < 16 / RPI; ++q) {
       const int r = q * RPI + lr;
-      cp_async16(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
+      cp_async16<D * int(sizeof(T))>(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
     }
   };
   // Block of page k (issue order k = 0, 1, 2, ... exactly once each), warp-uniform k.
