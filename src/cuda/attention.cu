@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   constexpr int CH = D / 8;     // 16-byte chunks a row
   constexpr int RPI = 32 / CH;  // rows a copy instruction covers (whole rows: full lines)
   constexpr int TILE = 16 * CH;
+  constexpr int kRowBytes = D * int(sizeof(T));
   extern __shared__ uint4 abuf[];  // pipeline stages; reused for the warps' outputs at the end
   __shared__ float sml[kWarps][16][2];
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
 #pragma unroll
     for (int q = 0; q < 16 / RPI; ++q) {
       const int r = q * RPI + lr;
-      cp_async16<D * int(sizeof(T))>(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
+      cp_async16<kRowBytes>(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
     }
   };
   // Block of page k (issue order k = 0, 1, 2, ... exactly once each), warp-uniform k.
@@ -470,8 +471,8 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
           ? (f16 ? attn_kernel_for<__half, 128>(group) : attn_kernel_for<__nv_bfloat16, 128>(group))
           : (f16 ? attn_kernel_for<__half, 64>(group) : attn_kernel_for<__nv_bfloat16, 64>(group));
   int n = 0;
-  LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32,
-                                                                 attn_smem(head_dim)));
+  LOCKS_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32, attn_smem(head_dim)));
   return std::max(n, 1);
 }
 
