@@ -1,14 +1,17 @@
 // Split-K paged decode attention (flash-decoding) on the tensor cores, bf16 or fp16 K/V,
 // fp32 accumulation. One block per (split, KV head, sequence); a split is a run of
 // `pages_per_split` pages (dense: logical pages in order; sparse: entries of the selection
-// list); each of the 4 warps streams whole pages (16 tokens x d, K and V) with 16-byte loads
-// and keeps an online softmax for all G query heads of the KV head; the block merges its
-// warps and writes one (max, sum, o) partial per query head; a merge kernel combines splits.
+// list); each of the 4 warps streams whole pages (16 tokens x d, K and V) through its own
+// two-stage cp.async ring and keeps an online softmax for all G query heads of the KV head;
+// the block merges its warps and writes one (max, sum, o) partial per query head; a merge
+// kernel combines splits.
 //
+// Copies: every cp.async instruction covers whole 256-byte rows (d 128: 2 rows, d 64: 4), so
+// each L2 request is a full 128-byte line (v11 read K as 64-byte halves of 8 lines). The
+// stage is read back with ldmatrix (K) and ldmatrix.trans (V) from an XOR-swizzled layout.
 // Per page and warp: S = Q K^T as mma.m16n8k16 with rows = 8 heads x {hi, lo} halves of the
 // query (the query is split into two 16-bit parts, so the logits keep ~16 more bits than a
-// plain bf16 query), then O += P V with rows = heads. The head-dim order inside a k-step is
-// permuted to match what each thread loads (any permutation works if Q and K agree).
+// plain bf16 query), then O += P V with rows = heads.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
