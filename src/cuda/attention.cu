@@ -128,8 +128,12 @@ struct AttnArgs {
   float* part_ml;
 };
 
+// G 16 at d 128 (two m-tiles: 64 query and 64 accumulator registers) would take ~204
+// registers, i.e. 2 blocks per SM; capped at 168 for 3 (the shared-memory limit), at the
+// cost of ~6 local loads/stores a page (L1 hits). 0: no cap.
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
+    attn_kernel(AttnArgs a) {
   pdl_wait();
   pdl_trigger();
   using M = Mma<T>;
@@ -175,19 +179,18 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
   uint4* wbuf = abuf + warp * 2 * 2 * TILE;
 
-  // Cache blocks and valid-token counts of 32 pages at a time, lane i holding page k0 + i,
-  // the next 32 prefetched: the copies never wait on a dependent block-table load.
-  auto load_chunk = [&](int k0, int j, int& blk, int& nv) {
-    blk = 0, nv = 0;
-    if (k0 + lane < nw) {
-      blk = bt[j];
-      nv = j == n_pages - 1 ? len - 16 * j : 16;
-    }
+  // Blocks of 32 pages at a time, lane i holding page k0 + i, and a warp-uniform mask of
+  // which of them is the sequence's last, partial page: a copy waits on a block-table load
+  // only once every 32 pages of a warp (never for splits of <= 128 pages).
+  const int last_nv = len - 16 * (n_pages - 1);
+  auto load_chunk = [&](int k0, int j, int& blk) {
+    blk = 0;
+    const bool ok = k0 + lane < nw;
+    if (ok) blk = bt[j];
+    return __ballot_sync(kFull, ok && j == n_pages - 1);
   };
-  int cur_blk, cur_nv, nxt_blk, nxt_nv;
-  load_chunk(0, j0, cur_blk, cur_nv);
-  load_chunk(32, 32 < nw ? page_at(32 + lane) : 0, nxt_blk, nxt_nv);
-
+  int cur_blk;
+  unsigned cur_last = load_chunk(0, j0, cur_blk);
   // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc).
   const int lr = lane / CH, lc = lane % CH;
   const int64_t row_step = int64_t(RPI) * a.H * D;
@@ -199,13 +202,10 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
       cp_async16<kRowBytes>(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
     }
   };
-  // Block of page k (issue order k = 0, 1, 2, ... exactly once each), warp-uniform k.
+  // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
   auto blk_of = [&](int k, int& nv) {
-    if ((k & 31) == 0 && k > 0) {
-      cur_blk = nxt_blk, cur_nv = nxt_nv;
-      load_chunk(k + 32, page_at(k + 32 + lane), nxt_blk, nxt_nv);
-    }
-    nv = __shfl_sync(kFull, cur_nv, k & 31);
+    if ((k & 31) == 0 && k > 0) cur_last = load_chunk(k, page_at(k + lane), cur_blk);
+    nv = (cur_last >> (k & 31)) & 1u ? last_nv : 16;
     return __shfl_sync(kFull, cur_blk, k & 31);
   };
   int nv_cur = 0, nv_nxt = 0;
