@@ -378,10 +378,13 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   }
 }
 
-// Combines the splits of one (sequence, query head): 8 warps stride over the splits, each
-// lane owning D/32 dims, then the warps merge in shared memory.
+// Combines the splits of one (sequence, query head): kMergeWarps warps stride over the
+// splits, each lane owning D/32 dims, then the warps merge in shared memory. Dense at batch
+// 1 has only Hq blocks over 256-512 splits: 16 warps with 4 loads in flight each keep the
+// serial round trips per warp at <= 8.
+constexpr int kMergeWarps = 16;
 template <int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kMergeWarps * 32)
     merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_splits,
                  int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
                  const int32_t* __restrict__ sel_counts, float* __restrict__ out,
@@ -389,7 +392,7 @@ __global__ void __launch_bounds__(256)
   pdl_wait();
   pdl_trigger();
   constexpr int E = D / 32;  // dims per lane
-  __shared__ float sm[8], sl[8], sacc[8][D];
+  __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int G = Hq / H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -401,7 +404,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
 #pragma unroll 4
-  for (int s = warp; s < used; s += 8) {
+  for (int s = warp; s < used; s += kMergeWarps) {
     const float ms = part_ml[(prow + s) * 2], ls = part_ml[(prow + s) * 2 + 1];
     float o[E];
     const float* src = part_o + (prow + s) * D + lane * E;
@@ -425,14 +428,15 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   float mx = kNegInf;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) mx = fmaxf(mx, sm[w]);
+  for (int w = 0; w < kMergeWarps; ++w) mx = fmaxf(mx, sm[w]);
   float lt = 0.f;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
+  for (int w = 0; w < kMergeWarps; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
   for (int dim = threadIdx.x; dim < D; dim += blockDim.x) {
     float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
+    for (int w = 0; w < kMergeWarps; ++w)
+      a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
     out[(int64_t(b) * Hq + hq) * D + dim] = a / lt;
   }
   if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;
@@ -518,11 +522,11 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
   const int32_t* counts = sel ? sel->counts : nullptr;
   if (L.head_dim == 128)
-    launch_pdl(merge_kernel<128>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
-               L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    launch_pdl(merge_kernel<128>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
+               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
   else
-    launch_pdl(merge_kernel<64>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
-               L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    launch_pdl(merge_kernel<64>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
+               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
 }
 
 }  // namespace locks::cuda::detail
