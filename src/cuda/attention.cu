@@ -153,6 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   const int n_pages = (len + 15) / 16;
   const int64_t row = int64_t(b) * a.H + h;
   const int start = split * a.pages_per_split;
+  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
   // Logical page of this warp's page k (position start + warp + kWarps k): read from the
   // selection list before its count is known (the list is allocated up to sel_cap), so the
   // count, list and block-table loads are not three dependent latencies before the first copy.
@@ -160,7 +161,11 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     const int pos = start + warp + kWarps * k;
     return a.sel_pages ? (pos < a.sel_cap ? a.sel_pages[row * a.sel_cap + pos] : 0) : pos;
   };
+  // The block-table load is guarded by the row's extent only (not by the page count), so it
+  // need not wait for seq_lens / sel_counts; entries past this warp's pages are never used.
+  auto blk_at = [&](int j) { return j >= 0 && j < a.bt_stride ? bt[j] : 0; };
   const int j0 = page_at(lane);
+  const int blk0 = blk_at(j0);
   const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
   if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
@@ -176,21 +181,17 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
-  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
   uint4* wbuf = abuf + warp * 2 * 2 * TILE;
 
   // Blocks of 32 pages at a time, lane i holding page k0 + i, and a warp-uniform mask of
   // which of them is the sequence's last, partial page: a copy waits on a block-table load
   // only once every 32 pages of a warp (never for splits of <= 128 pages).
   const int last_nv = len - 16 * (n_pages - 1);
-  auto load_chunk = [&](int k0, int j, int& blk) {
-    blk = 0;
-    const bool ok = k0 + lane < nw;
-    if (ok) blk = bt[j];
-    return __ballot_sync(kFull, ok && j == n_pages - 1);
+  auto last_mask = [&](int k0, int j) {
+    return __ballot_sync(kFull, k0 + lane < nw && j == n_pages - 1);
   };
-  int cur_blk;
-  unsigned cur_last = load_chunk(0, j0, cur_blk);
+  int cur_blk = blk0;
+  unsigned cur_last = last_mask(0, j0);
   // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc).
   const int lr = lane / CH, lc = lane % CH;
   const int64_t row_step = int64_t(RPI) * a.H * D;
@@ -204,7 +205,11 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   };
   // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
   auto blk_of = [&](int k, int& nv) {
-    if ((k & 31) == 0 && k > 0) cur_last = load_chunk(k, page_at(k + lane), cur_blk);
+    if ((k & 31) == 0 && k > 0) {
+      const int j = page_at(k + lane);
+      cur_blk = blk_at(j);
+      cur_last = last_mask(k, j);
+    }
     nv = (cur_last >> (k & 31)) & 1u ? last_nv : 16;
     return __shfl_sync(kFull, cur_blk, k & 31);
   };
