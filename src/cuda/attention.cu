@@ -72,8 +72,7 @@ struct Mma<__half> {
 // Rows are 256-byte aligned at d 128 and every instruction reads whole rows: the L2 may then
 // fetch each row from DRAM as one 256-byte access (a hint; d 64 rows are 128 bytes).
 template <int RowBytes>
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ void cp_async16(unsigned d, const void* src) {
   if constexpr (RowBytes >= 256)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
                  : "memory");
@@ -90,8 +89,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 template <bool Trans>
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint4* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned a) {
   if constexpr (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -181,7 +179,9 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
-  uint4* wbuf = abuf + warp * 2 * 2 * TILE;
+  // Shared addresses: this warp's stages, 2 x (K tile, V tile) of TILE 16-byte chunks.
+  const unsigned wbuf =
+      static_cast<unsigned>(__cvta_generic_to_shared(abuf)) + warp * 2 * 2 * TILE * 16;
 
   // Blocks of 32 pages at a time, lane i holding page k0 + i, and a warp-uniform mask of
   // which of them is the sequence's last, partial page: a copy waits on a block-table load
@@ -192,16 +192,20 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   };
   int cur_blk = blk0;
   unsigned cur_last = last_mask(0, j0);
-  // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc).
+  // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc). Row
+  // r = q RPI + lr has r & 7 = (q RPI & 7) | lr, so its chunk lc lands at
+  // lc ^ lr ^ (q RPI & 7): one of 8 / RPI lane offsets, plus a compile-time q RPI CH.
   const int lr = lane / CH, lc = lane % CH;
   const int64_t row_step = int64_t(RPI) * a.H * D;
-  auto issue_tile = [&](const T* base, int64_t blk, uint4* tile) {
+  constexpr int kDst = 8 / RPI;
+  unsigned dofs[kDst];
+#pragma unroll
+  for (int w = 0; w < kDst; ++w) dofs[w] = (lr * CH + (lc ^ lr ^ (w * RPI))) * 16;
+  auto issue_tile = [&](const T* base, int64_t blk, unsigned tile) {
     const T* src = base + ((blk * 16 + lr) * a.H + h) * D + lc * 8;
 #pragma unroll
-    for (int q = 0; q < 16 / RPI; ++q) {
-      const int r = q * RPI + lr;
-      cp_async16<kRowBytes>(tile + r * CH + (lc ^ (r & 7)), src + q * row_step);
-    }
+    for (int q = 0; q < 16 / RPI; ++q)
+      cp_async16<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
   };
   // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
   auto blk_of = [&](int k, int& nv) {
@@ -218,9 +222,9 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int blk = blk_of(k, k == 0 ? nv_cur : nv_nxt);
-      if (k < nw) issue_tile(K, blk, wbuf + 2 * k * TILE);
+      if (k < nw) issue_tile(K, blk, wbuf + 2 * k * TILE * 16);
       cp_async_commit();
-      if (k < nw) issue_tile(V, blk, wbuf + (2 * k + 1) * TILE);
+      if (k < nw) issue_tile(V, blk, wbuf + (2 * k + 1) * TILE * 16);
       cp_async_commit();
     }
   }
@@ -250,17 +254,21 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   }
   // ldmatrix row addresses. K (non-transposed): matrix i of a k-step pair = token rows
   // nt*8 + (lane & 7), logical chunk 2 s + i, i.e. b0/b1 of steps s and s + 1.
+  // Chunk 4m + (lane >> 3) lands at 4m ^ kx = 4 (m & ~1) + (kx ^ 4 (m & 1)): two lane offsets.
   const int rl = lane & 7;
-  const int kx = (lane >> 3) ^ rl;  // chunk 4m + (lane >> 3) lands at 4m ^ kx
+  const int kx = (lane >> 3) ^ rl;
+  const unsigned kofs[2] = {unsigned(rl * CH + kx) * 16, unsigned(rl * CH + (kx ^ 4)) * 16};
   // V (transposed): matrix i = token rows 8 (i & 1) + (lane & 7), chunk c + (i >> 1), i.e.
-  // b0/b1 of n-tiles c and c + 1 (c even).
+  // b0/b1 of n-tiles c and c + 1 (c even); lands at c ^ vx = 8 (c / 8) + ((c % 8) ^ vx).
   const int vrow = rl + 8 * ((lane >> 3) & 1);
-  const int vx = (lane >> 4) ^ rl;  // chunk c + (lane >> 4) lands at c ^ vx
+  const int vx = (lane >> 4) ^ rl;
+  unsigned vofs[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) vofs[w] = (vrow * CH + ((2 * w) ^ vx)) * 16;
 
   // Groups are committed K, V per page; stage k & 1; two pages (four groups) ahead.
   for (int it = 0; it < nw; ++it) {
-    const uint4* sk = wbuf + (it & 1) * 2 * TILE;
-    const uint4* svt = sk + TILE;
+    const unsigned sk = wbuf + (it & 1) * 2 * TILE * 16, svt = sk + TILE * 16;
     cp_async_wait<3>();  // this page's K
     __syncwarp();
     // S = Q K^T (log2 units): per n-tile of 8 tokens, all m-tiles.
@@ -271,7 +279,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
       for (int m = 0; m < KS / 2; ++m) {
         uint32_t r[4];
-        ldsm_x4<false>(r, sk + (nt * 8 + rl) * CH + ((4 * m) ^ kx));
+        ldsm_x4<false>(r, sk + kofs[m & 1] + (nt * 8 * CH + 4 * (m & ~1)) * 16);
         kb[2 * m][0] = r[0], kb[2 * m][1] = r[1], kb[2 * m + 1][0] = r[2], kb[2 * m + 1][1] = r[3];
       }
 #pragma unroll
@@ -309,7 +317,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
       int nv2;
       blk2 = blk_of(it + 2, nv2);
       nv_cur = nv_nxt, nv_nxt = nv2;
-      if (it + 2 < nw) issue_tile(K, blk2, wbuf + (it & 1) * 2 * TILE);
+      if (it + 2 < nw) issue_tile(K, blk2, sk);
       cp_async_commit();
     }
     cp_async_wait<3>();  // this page's V
@@ -318,7 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
     for (int c = 0; c < NV; c += 2) {
       uint32_t r[4];
-      ldsm_x4<true>(r, svt + vrow * CH + (c ^ vx));
+      ldsm_x4<true>(r, svt + vofs[(c % 8) / 2] + 8 * (c / 8) * 16);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float(&on)[4] = o[c + e];
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
       }
     }
     __syncwarp();
-    if (it + 2 < nw) issue_tile(V, blk2, wbuf + (it & 1) * 2 * TILE + TILE);
+    if (it + 2 < nw) issue_tile(V, blk2, svt);
     cp_async_commit();
   }
   cp_async_wait<0>();
