@@ -1,14 +1,17 @@
 // Split-K paged decode attention (flash-decoding) on the tensor cores, bf16 or fp16 K/V,
 // fp32 accumulation. One block per (split, KV head, sequence); a split is a run of
 // `pages_per_split` pages (dense: logical pages in order; sparse: entries of the selection
-// list); each of the 4 warps streams whole pages (16 tokens x d, K and V) with 16-byte loads
-// and keeps an online softmax for all G query heads of the KV head; the block merges its
-// warps and writes one (max, sum, o) partial per query head; a merge kernel combines splits.
+// list); each of the 4 warps streams whole pages (16 tokens x d, K and V) through its own
+// two-stage cp.async ring and keeps an online softmax for all G query heads of the KV head;
+// the block merges its warps and writes one (max, sum, o) partial per query head; a merge
+// kernel combines splits.
 //
+// Copies: every cp.async instruction covers whole 256-byte rows (d 128: 2 rows, d 64: 4), so
+// each L2 request is a full 128-byte line (v11 read K as 64-byte halves of 8 lines). The
+// stage is read back with ldmatrix (K) and ldmatrix.trans (V) from an XOR-swizzled layout.
 // Per page and warp: S = Q K^T as mma.m16n8k16 with rows = 8 heads x {hi, lo} halves of the
 // query (the query is split into two 16-bit parts, so the logits keep ~16 more bits than a
-// plain bf16 query), then O += P V with rows = heads. The head-dim order inside a k-step is
-// permuted to match what each thread loads (any permutation works if Q and K agree).
+// plain bf16 query), then O += P V with rows = heads.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -66,20 +69,44 @@ struct Mma<__half> {
   }
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+// Rows are 256-byte aligned at d 128 and every instruction reads whole rows: the L2 may then
+// fetch each row from DRAM as one 256-byte access (a hint; d 64 rows are 128 bytes).
+template <int RowBytes>
+__device__ __forceinline__ void cp_async16(unsigned d, const void* src) {
+  if constexpr (RowBytes >= 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
+                 : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
+                 : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+template <bool Trans>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned a) {
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 
-// Per warp: two pipeline stages of one page each; thread `lane` owns slots [i][lane] and
-// reads back only what it copied itself, so no warp barrier is needed between the two.
-constexpr int kSlots = 16;  // 16-byte slots per thread per page (d 128: 8 K + 8 V)
-constexpr int kAttnSmem = kWarps * 2 * kSlots * 32 * 16;
+// Per warp: two pipeline stages of one page each (K tile, then V tile: 16 rows x D), each
+// row's 16-byte chunks XOR-swizzled by (row & 7) so that the 8 row addresses of every
+// ldmatrix phase hit distinct banks. Bytes per block: 4 warps x 2 stages x 64 D.
+constexpr int attn_smem(int D) { return kWarps * 2 * 2 * 16 * D * 2; }
+constexpr int kAttnSmemMax = attn_smem(128);
 
 struct AttnArgs {
   const void* k;
@@ -99,17 +126,21 @@ struct AttnArgs {
   float* part_ml;
 };
 
-// Dim of register j (0 .. D/2-1) of a thread with tig t in the K layout: 16-byte load i = j/4
-// covers dims 32 i + 8 t .. + 7; register j % 4 holds the pair (2 (j % 4), +1) of it.
-__device__ __forceinline__ int kdim(int j, int t) { return 32 * (j / 4) + 8 * t + 2 * (j % 4); }
-
+// G 16 at d 128 (two m-tiles: 64 query and 64 accumulator registers) would take ~204
+// registers, i.e. 2 blocks per SM; capped at 168 for 3 (the shared-memory limit), at the
+// cost of ~6 local loads/stores a page (L1 hits). 0: no cap.
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
+    attn_kernel(AttnArgs a) {
   pdl_wait();
   pdl_trigger();
   using M = Mma<T>;
   constexpr int KS = D / 16;
-  constexpr int NV = D / 8;        // n-tiles of the output
+  constexpr int NV = D / 8;     // n-tiles of the output
+  constexpr int CH = D / 8;     // 16-byte chunks a row
+  constexpr int RPI = 32 / CH;  // rows a copy instruction covers (whole rows: full lines)
+  constexpr int TILE = 16 * CH;
+  constexpr int kRowBytes = D * int(sizeof(T));
   extern __shared__ uint4 abuf[];  // pipeline stages; reused for the warps' outputs at the end
   __shared__ float sml[kWarps][16][2];
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
@@ -119,10 +150,25 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   const int len = a.seq_lens[b];
   const int n_pages = (len + 15) / 16;
   const int64_t row = int64_t(b) * a.H + h;
-  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
   const int start = split * a.pages_per_split;
+  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
+  // Logical page of this warp's page k (position start + warp + kWarps k): read from the
+  // selection list before its count is known (the list is allocated up to sel_cap), so the
+  // count, list and block-table loads are not three dependent latencies before the first copy.
+  auto page_at = [&](int k) {
+    const int pos = start + warp + kWarps * k;
+    return a.sel_pages ? (pos < a.sel_cap ? a.sel_pages[row * a.sel_cap + pos] : 0) : pos;
+  };
+  // The block-table load is guarded by the row's extent only (not by the page count), so it
+  // need not wait for seq_lens / sel_counts; entries past this warp's pages are never used.
+  auto blk_at = [&](int j) { return j >= 0 && j < a.bt_stride ? bt[j] : 0; };
+  const int j0 = page_at(lane);
+  const int blk0 = blk_at(j0);
+  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
   if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
+  // This warp's pages: k = 0 .. nw-1 (warp-uniform count).
+  const int nw = max(0, (stop - start - warp + kWarps - 1) / kWarps);
 
   float o[NV][4];
 #pragma unroll
@@ -133,36 +179,57 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
 
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
-  const int32_t* bt = a.block_table + int64_t(b) * a.bt_stride;
-  uint4* wbuf = abuf + warp * 2 * kSlots * 32;
-  auto page_of = [&](int pos) { return a.sel_pages ? a.sel_pages[row * a.sel_cap + pos] : pos; };
-  // K: tokens gid and gid + 8, dims per kdim; V: tokens 2t, 2t+1, 2t+8, 2t+9, dims 8 gid.. .
-  auto issue = [&](int pos, int stg) {
-    if (pos < stop) {
-      const int64_t blk = bt[page_of(pos)];
-      uint4* dst = wbuf + stg * kSlots * 32 + lane;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const uint4* src =
-            reinterpret_cast<const uint4*>(K + ((blk * 16 + nt * 8 + gid) * a.H + h) * D) + tig;
-#pragma unroll
-        for (int i = 0; i < D / 32; ++i) cp_async16(dst + (nt * (D / 32) + i) * 32, src + 4 * i);
-      }
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int tok = 2 * tig + (x & 1) + 8 * (x >> 1);
-        const uint4* src =
-            reinterpret_cast<const uint4*>(V + ((blk * 16 + tok) * a.H + h) * D) + gid;
-#pragma unroll
-        for (int i = 0; i < D / 64; ++i)
-          cp_async16(dst + (2 * (D / 32) + x * (D / 64) + i) * 32, src + 8 * i);
-      }
-    }
-    cp_async_commit();
+  // Shared addresses: this warp's stages, 2 x (K tile, V tile) of TILE 16-byte chunks.
+  const unsigned wbuf =
+      static_cast<unsigned>(__cvta_generic_to_shared(abuf)) + warp * 2 * 2 * TILE * 16;
+
+  // Blocks of 32 pages at a time, lane i holding page k0 + i, and a warp-uniform mask of
+  // which of them is the sequence's last, partial page: a copy waits on a block-table load
+  // only once every 32 pages of a warp (never for splits of <= 128 pages).
+  const int last_nv = len - 16 * (n_pages - 1);
+  auto last_mask = [&](int k0, int j) {
+    return __ballot_sync(kFull, k0 + lane < nw && j == n_pages - 1);
   };
-  issue(start + warp, 0);
-  issue(start + warp + kWarps, 1);
-  // Query fragments: rows gid = hi part, rows gid + 8 = lo part of head mt*8 + gid.
+  int cur_blk = blk0;
+  unsigned cur_last = last_mask(0, j0);
+  // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc). Row
+  // r = q RPI + lr has r & 7 = (q RPI & 7) | lr, so its chunk lc lands at
+  // lc ^ lr ^ (q RPI & 7): one of 8 / RPI lane offsets, plus a compile-time q RPI CH.
+  const int lr = lane / CH, lc = lane % CH;
+  const int64_t row_step = int64_t(RPI) * a.H * D;
+  constexpr int kDst = 8 / RPI;
+  unsigned dofs[kDst];
+#pragma unroll
+  for (int w = 0; w < kDst; ++w) dofs[w] = (lr * CH + (lc ^ lr ^ (w * RPI))) * 16;
+  auto issue_tile = [&](const T* base, int64_t blk, unsigned tile) {
+    const T* src = base + ((blk * 16 + lr) * a.H + h) * D + lc * 8;
+#pragma unroll
+    for (int q = 0; q < 16 / RPI; ++q)
+      cp_async16<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
+  };
+  // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
+  auto blk_of = [&](int k, int& nv) {
+    if ((k & 31) == 0 && k > 0) {
+      const int j = page_at(k + lane);
+      cur_blk = blk_at(j);
+      cur_last = last_mask(k, j);
+    }
+    nv = (cur_last >> (k & 31)) & 1u ? last_nv : 16;
+    return __shfl_sync(kFull, cur_blk, k & 31);
+  };
+  int nv_cur = 0, nv_nxt = 0;
+  {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int blk = blk_of(k, k == 0 ? nv_cur : nv_nxt);
+      if (k < nw) issue_tile(K, blk, wbuf + 2 * k * TILE * 16);
+      cp_async_commit();
+      if (k < nw) issue_tile(V, blk, wbuf + (2 * k + 1) * TILE * 16);
+      cp_async_commit();
+    }
+  }
+  // Query fragments (A operand, rows gid = hi part, gid + 8 = lo part of head mt*8 + gid):
+  // register 2x (+1 lo) holds dims 16 s + 8 x + 2 tig, +1.
   uint32_t qa[MT][KS][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -172,7 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
     for (int s = 0; s < KS; ++s) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const int dim = kdim(2 * s + x, tig);
+        const int dim = 16 * s + 8 * x + 2 * tig;
         float v0 = 0.f, v1 = 0.f;
         if (g < G) {
           const float2 v = *reinterpret_cast<const float2*>(qr + dim);
@@ -180,45 +247,50 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
           v1 = v.y * a.qscale;
         }
         const float h0 = M::round(v0), h1 = M::round(v1);
-        qa[mt][s][2 * x] = M::pack(h0, h1);                // a0/a1 (x=0) or a4/a5 (x=1): hi rows
-        qa[mt][s][2 * x + 1] = M::pack(v0 - h0, v1 - h1);  // a2/a3 or a6/a7: lo rows
+        qa[mt][s][2 * x] = M::pack(h0, h1);
+        qa[mt][s][2 * x + 1] = M::pack(v0 - h0, v1 - h1);
       }
     }
   }
+  // ldmatrix row addresses. K (non-transposed): matrix i of a k-step pair = token rows
+  // nt*8 + (lane & 7), logical chunk 2 s + i, i.e. b0/b1 of steps s and s + 1.
+  // Chunk 4m + (lane >> 3) lands at 4m ^ kx = 4 (m & ~1) + (kx ^ 4 (m & 1)): two lane offsets.
+  const int rl = lane & 7;
+  const int kx = (lane >> 3) ^ rl;
+  const unsigned kofs[2] = {unsigned(rl * CH + kx) * 16, unsigned(rl * CH + (kx ^ 4)) * 16};
+  // V (transposed): matrix i = token rows 8 (i & 1) + (lane & 7), chunk c + (i >> 1), i.e.
+  // b0/b1 of n-tiles c and c + 1 (c even); lands at c ^ vx = 8 (c / 8) + ((c % 8) ^ vx).
+  const int vrow = rl + 8 * ((lane >> 3) & 1);
+  const int vx = (lane >> 4) ^ rl;
+  unsigned vofs[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) vofs[w] = (vrow * CH + ((2 * w) ^ vx)) * 16;
 
-  int it = 0;
-  for (int pos = start + warp; pos < stop; pos += kWarps, ++it) {
-    const int j = page_of(pos);
-    const int n_valid = (j == n_pages - 1) ? len - 16 * j : 16;
-    const int stg = it & 1;
-    cp_async_wait<1>();
-    uint4 kr[2][D / 32], vr[4][D / 64];
-    {
-      const uint4* src = wbuf + stg * kSlots * 32 + lane;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int i = 0; i < D / 32; ++i) kr[nt][i] = src[(nt * (D / 32) + i) * 32];
-#pragma unroll
-      for (int x = 0; x < 4; ++x)
-#pragma unroll
-        for (int i = 0; i < D / 64; ++i) vr[x][i] = src[(2 * (D / 32) + x * (D / 64) + i) * 32];
-    }
-    // S = Q K^T (log2 units): per m-tile, per n-tile of 8 tokens.
+  // Groups are committed K, V per page; stage k & 1; two pages (four groups) ahead.
+  for (int it = 0; it < nw; ++it) {
+    const unsigned sk = wbuf + (it & 1) * 2 * TILE * 16, svt = sk + TILE * 16;
+    cp_async_wait<3>();  // this page's K
+    __syncwarp();
+    // S = Q K^T (log2 units): per n-tile of 8 tokens, all m-tiles.
     float sv[MT][2][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t kb[KS][2];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int m = 0; m < KS / 2; ++m) {
+        uint32_t r[4];
+        ldsm_x4<false>(r, sk + kofs[m & 1] + (nt * 8 * CH + 4 * (m & ~1)) * 16);
+        kb[2 * m][0] = r[0], kb[2 * m][1] = r[1], kb[2 * m + 1][0] = r[2], kb[2 * m + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const uint32_t* kw = reinterpret_cast<const uint32_t*>(kr[nt]);
 #pragma unroll
         for (int s = 0; s < KS; ++s)
-          M::run(acc, qa[mt][s][0], qa[mt][s][1], qa[mt][s][2], qa[mt][s][3], kw[2 * s],
-                 kw[2 * s + 1]);
+          M::run(acc, qa[mt][s][0], qa[mt][s][1], qa[mt][s][2], qa[mt][s][3], kb[s][0], kb[s][1]);
         const int t0 = nt * 8 + 2 * tig;
-        sv[mt][nt][0] = t0 < n_valid ? acc[0] + acc[2] : kNegInf;
-        sv[mt][nt][1] = t0 + 1 < n_valid ? acc[1] + acc[3] : kNegInf;
+        sv[mt][nt][0] = t0 < nv_cur ? acc[0] + acc[2] : kNegInf;
+        sv[mt][nt][1] = t0 + 1 < nv_cur ? acc[1] + acc[3] : kNegInf;
       }
     }
     // Online softmax per head row; P as the A operand of P V.
@@ -238,26 +310,38 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
       pa[mt] = M::pack(p00, p01);      // rows gid (mt 0) / gid + 8 (mt 1), tokens 2t, 2t+1
       pa[2 + mt] = M::pack(p10, p11);  // tokens 2t + 8, 2t + 9
     }
+    // This stage's K is consumed (the mma used it): refill it with page it + 2's K now.
+    __syncwarp();
+    int blk2 = 0;
+    {
+      int nv2;
+      blk2 = blk_of(it + 2, nv2);
+      nv_cur = nv_nxt, nv_nxt = nv2;
+      if (it + 2 < nw) issue_tile(K, blk2, sk);
+      cp_async_commit();
+    }
+    cp_async_wait<3>();  // this page's V
+    __syncwarp();
     // O = O * rescale + P V.
 #pragma unroll
-    for (int n = 0; n < NV; ++n) {
-      o[n][0] *= resc[0], o[n][1] *= resc[0];
-      o[n][2] *= resc[1], o[n][3] *= resc[1];
-      const int grp = n / 8, w = (n % 8) / 2;  // 16-byte group and word within it
-      const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&vr[0][grp]);
-      const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&vr[1][grp]);
-      const uint32_t* v2 = reinterpret_cast<const uint32_t*>(&vr[2][grp]);
-      const uint32_t* v3 = reinterpret_cast<const uint32_t*>(&vr[3][grp]);
-      const uint32_t sel = (n & 1) ? 0x7632u : 0x5410u;
-      const uint32_t b0 = __byte_perm(v0[w], v1[w], sel);
-      const uint32_t b1 = __byte_perm(v2[w], v3[w], sel);
-      M::run(o[n], pa[0], pa[1], pa[2], pa[3], b0, b1);
+    for (int c = 0; c < NV; c += 2) {
+      uint32_t r[4];
+      ldsm_x4<true>(r, svt + vofs[(c % 8) / 2] + 8 * (c / 8) * 16);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float(&on)[4] = o[c + e];
+        on[0] *= resc[0], on[1] *= resc[0];
+        on[2] *= resc[1], on[3] *= resc[1];
+        M::run(on, pa[0], pa[1], pa[2], pa[3], r[2 * e], r[2 * e + 1]);
+      }
     }
-    issue(pos + 2 * kWarps, stg);  // registers hold this stage's data: refill it
+    __syncwarp();
+    if (it + 2 < nw) issue_tile(V, blk2, svt);
+    cp_async_commit();
   }
   cp_async_wait<0>();
   __syncthreads();  // the stages become the warps' output buffers
-  static_assert(sizeof(float) * kWarps * 16 * (D + 1) <= kAttnSmem, "output staging fits");
+  static_assert(sizeof(float) * kWarps * 16 * (D + 1) <= attn_smem(D), "output staging fits");
   float(*so)[16][D + 1] = reinterpret_cast<float(*)[16][D + 1]>(abuf);
 
   // Merge the warps: row sums across the quad, then through shared memory.
@@ -274,7 +358,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   for (int n = 0; n < NV; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int dim = 64 * (n / 8) + 8 * (2 * tig + e) + (n % 8);
+      const int dim = 8 * n + 2 * tig + e;
       so[warp][gid][dim] = o[n][e];
       if (MT == 2) so[warp][gid + 8][dim] = o[n][2 + e];
     }
@@ -307,10 +391,13 @@ __global__ void __launch_bounds__(kWarps * 32) attn_kernel(AttnArgs a) {
   }
 }
 
-// Combines the splits of one (sequence, query head): 8 warps stride over the splits, each
-// lane owning D/32 dims, then the warps merge in shared memory.
+// Combines the splits of one (sequence, query head): kMergeWarps warps stride over the
+// splits, each lane owning D/32 dims, then the warps merge in shared memory. Dense at batch
+// 1 has only Hq blocks over 256-512 splits: 16 warps with 4 loads in flight each keep the
+// serial round trips per warp at <= 8.
+constexpr int kMergeWarps = 16;
 template <int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kMergeWarps * 32)
     merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_splits,
                  int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
                  const int32_t* __restrict__ sel_counts, float* __restrict__ out,
@@ -318,7 +405,7 @@ __global__ void __launch_bounds__(256)
   pdl_wait();
   pdl_trigger();
   constexpr int E = D / 32;  // dims per lane
-  __shared__ float sm[8], sl[8], sacc[8][D];
+  __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int G = Hq / H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -330,7 +417,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
 #pragma unroll 4
-  for (int s = warp; s < used; s += 8) {
+  for (int s = warp; s < used; s += kMergeWarps) {
     const float ms = part_ml[(prow + s) * 2], ls = part_ml[(prow + s) * 2 + 1];
     float o[E];
     const float* src = part_o + (prow + s) * D + lane * E;
@@ -354,14 +441,15 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   float mx = kNegInf;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) mx = fmaxf(mx, sm[w]);
+  for (int w = 0; w < kMergeWarps; ++w) mx = fmaxf(mx, sm[w]);
   float lt = 0.f;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
+  for (int w = 0; w < kMergeWarps; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
   for (int dim = threadIdx.x; dim < D; dim += blockDim.x) {
     float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
+    for (int w = 0; w < kMergeWarps; ++w)
+      a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
     out[(int64_t(b) * Hq + hq) * D + dim] = a / lt;
   }
   if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;
@@ -370,9 +458,9 @@ __global__ void __launch_bounds__(256)
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
   if (a.Hq / a.H <= 8)
-    launch_pdl(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), kAttnSmem, st, a);
+    launch_pdl(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
   else
-    launch_pdl(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), kAttnSmem, st, a);
+    launch_pdl(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
 }
 
 template <typename T, int D>
@@ -393,7 +481,7 @@ void prepare_attention_kernels() {
                       (const void*)attn_kernel<__half, 64, 2>};
   for (const void* f : ks)
     LOCKS_CUDA_CHECK(
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmem));
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmemMax));
 }
 
 int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
@@ -403,7 +491,8 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
           ? (f16 ? attn_kernel_for<__half, 128>(group) : attn_kernel_for<__nv_bfloat16, 128>(group))
           : (f16 ? attn_kernel_for<__half, 64>(group) : attn_kernel_for<__nv_bfloat16, 64>(group));
   int n = 0;
-  LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32, kAttnSmem));
+  LOCKS_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32, attn_smem(head_dim)));
   return std::max(n, 1);
 }
 
@@ -446,11 +535,11 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
   const int32_t* counts = sel ? sel->counts : nullptr;
   if (L.head_dim == 128)
-    launch_pdl(merge_kernel<128>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
-               L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    launch_pdl(merge_kernel<128>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
+               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
   else
-    launch_pdl(merge_kernel<64>, mgrid, dim3(256), 0, st, part_o, part_ml, n_splits, pps,
-               L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    launch_pdl(merge_kernel<64>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
+               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
 }
 
 }  // namespace locks::cuda::detail
