@@ -3,14 +3,15 @@
 // chain per warp (~130 us a launch); here the 16 x 16 problem is spread over 256 threads.
 //
 // Parallel cyclic Jacobi with the bulk kernel's round-robin pairs, one barrier a round: the
-// matrices A (Gram) and V (eigenvectors) are double-buffered in shared memory and stored
-// with rows / columns in "slot" order, where round t pairs slots (2m, 2m+1). Between rounds
-// the indices move between slots by a fixed permutation (kNextSlot: the circle method of
-// the round-robin schedule), so every thread reads and writes the same addresses in every
+// matrices A (Gram) and V (eigenvectors) are double-buffered in shared memory with rows /
+// columns in "slot" order, where round t pairs slots (2m, 2m+1). Between rounds the indices
+// move between slots by a fixed permutation (next_slot: the circle method behind the
+// round-robin schedule), so every thread reads and writes the same addresses in every
 // round. Thread (sk, sl) owns slot entry (sk, sl): it recomputes the rotations of its row
-// pair and column pair from A[p][p], A[q][q], A[p][q] (same inputs, same rounding in every
-// thread, so the same bits) and writes A'[sk][sl] = (J^T A J)[sk][sl] and V'[r][sl] =
-// (V J)[r][sl] (r = its row of V, in key order) at the permuted slots of the other buffer.
+// pair and its column pair from their diagonal 2 x 2 blocks (same inputs, same rounding in
+// every thread, so the same bits) and writes A'[sk][sl] = (J^T A J)[sk][sl] and
+// V'[r][sl] = (V J)[r][sl] (r = its row of V, in key order) at next round's slots of the
+// other buffer. The centroid, the sort, the guards and the epilogue are the bulk kernel's.
 #pragma once
 
 #include "summary_build_common.cuh"
@@ -39,13 +40,14 @@ __device__ __forceinline__ float rsqrt_approx(float x) {
   return r;
 }
 
-// Rotation (c, s) of a pair p < q that zeroes A[p][q]: the bulk kernel's t = s / c =
+// Rotation (c, s) of a pair (p, q) that zeroes A[p][q]: the bulk kernel's t = s / c =
 // sign(theta) / (|theta| + sqrt(theta^2 + 1)), theta = a / b, a = A[q][q] - A[p][p],
 // b = 2 A[p][q], in a form without divisions (shorter chain): with (a, b) scaled by a power
 // of two so that max(|a|, |b|) is in [1, 2) (exact; only a / b matters), h = |(a, b)|,
 // g = h + |a|: c = g / sqrt(2 h g), s = sign(theta) |b| / sqrt(2 h g). h^2 and 2 h g are
-// >= 1, so the approximate MUFU ops are safe (no overflow or underflow whatever the scale of
-// A). Swapping p and q gives the same rotation (a and s negate).
+// >= 1, so the approximate MUFU ops are safe (no overflow or underflow for any |a|, |b| <
+// 2^127). Swapping p and q gives the same rotation (a and s negate; for a = 0 both 45-degree
+// rotations zero A[p][q]), so the even slot can play p.
 __device__ __forceinline__ void pair_rotation(float app, float aqq, float apq, float& c, float& s) {
   const float a = __fsub_rn(aqq, app), b = __fadd_rn(apq, apq);
   // 2^-e for max(|a|, |b|) = 1.x 2^e (normal when rot; otherwise the result is discarded).
@@ -182,10 +184,12 @@ __global__ void __launch_bounds__(kFilledThreads)
   }
   __syncthreads();
 
-  // 4. Cyclic Jacobi, the bulk kernel's criterion tested every kCheckRounds rounds on the
-  // partial norms written before the last barrier. Every thread sums them in the same
-  // order, so the break is block-uniform; red is rewritten only kCheckRounds - 1 barriers
-  // later.
+  // 4. Cyclic Jacobi, the bulk kernel's criterion tested every kCheckRounds rounds. The
+  // partial norms are those of the state one round before the test (taken from the first
+  // round of the last pair, reduced during the second, off the barrier's critical path); a
+  // further round only lowers the off-diagonal mass. Every thread sums them in the same
+  // order, so the break is block-uniform; red is rewritten only kCheckRounds - 2 barriers
+  // after the test.
   RoundAddr o;
   o.own = blocked(sk, sl) & ~3, o.row_diag = blocked(sk, sk) & ~3;
   o.col_diag = blocked(sl, sl) & ~3, o.v_pair = sk * kP + (sl & ~1);
@@ -202,13 +206,17 @@ __global__ void __launch_bounds__(kFilledThreads)
     for (int w = 0; w < kFilledWarps; ++w) off += red[w][0], all += red[w][1];
     if (off <= 1e-10f * all) break;
 #pragma unroll 1
-    for (int it = 0; it < kCheckRounds / 2; ++it) {
+    for (int it = 0; it < kCheckRounds / 2 - 1; ++it) {
       jacobi_round(As[0], Vs[0], As[1], Vs[1], o, k_low, l_low, pair_entry);
       __syncthreads();
-      const float a = jacobi_round(As[1], Vs[1], As[0], Vs[0], o, k_low, l_low, pair_entry);
-      if (it == kCheckRounds / 2 - 1) norm_partials(a, sk != sl, red, warp, lane);
+      jacobi_round(As[1], Vs[1], As[0], Vs[0], o, k_low, l_low, pair_entry);
       __syncthreads();
     }
+    const float a = jacobi_round(As[0], Vs[0], As[1], Vs[1], o, k_low, l_low, pair_entry);
+    __syncthreads();
+    jacobi_round(As[1], Vs[1], As[0], Vs[0], o, k_low, l_low, pair_entry);
+    norm_partials(a, sk != sl, red, warp, lane);  // no dependence: overlaps the round
+    __syncthreads();
     rounds += kCheckRounds;
   }
 
