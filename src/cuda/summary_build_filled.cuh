@@ -57,7 +57,11 @@ __device__ __forceinline__ void pair_rotation(float app, float aqq, float apq, f
   const float h2 = __fmaf_rn(an, an, __fmul_rn(bn, bn));
   const float h = __fmul_rn(h2, rsqrt_approx(h2));
   const float g = __fadd_rn(h, fabsf(an));
-  const float r = rsqrt_approx(__fmul_rn(__fadd_rn(h, h), g));
+  const float r0 = rsqrt_approx(__fmul_rn(__fadd_rn(h, h), g));
+  // One Newton step on c^2 + s^2 = r0^2 (g^2 + b^2) = 1: the MUFU errors would otherwise
+  // scale A and V by up to ~1e-7 a rotation, systematically, over ~80 rounds.
+  const float q = __fmaf_rn(g, g, __fmul_rn(bn, bn));
+  const float r = __fmul_rn(r0, __fmaf_rn(__fmul_rn(-0.5f, q), __fmul_rn(r0, r0), 1.5f));
   const bool neg = a != 0.0f && ((a < 0.0f) != (b < 0.0f));  // theta < 0
   const bool rot = fabsf(apq) > 1e-30f;                      // the bulk kernel's guard
   const float sv = __fmul_rn(fabsf(bn), r);
