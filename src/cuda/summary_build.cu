@@ -7,62 +7,33 @@
 // diagonalises it with cyclic Jacobi in registers: the 15 rounds of a sweep are unrolled so
 // that every rotation pair (round-robin schedule) is a compile-time register index; the lane's
 // own pair comes through shuffles. The cuSOLVER path reuses the same load / epilogue code
-// around cusolverDnSsyevjBatched.
+// around cusolverDnSsyevjBatched. build_filled uses the latency kernel of
+// summary_build_filled.cuh instead (a block of 256 threads per problem).
 #include <cusolverDn.h>
 
 #include "common.cuh"
 #include "locks/cuda/summary_builder.h"
 #include "locks/error.h"
+#include "summary_build_common.cuh"
+#include "summary_build_filled.cuh"
 
 namespace locks::cuda {
 namespace {
 using detail::kNegInf;
 
-constexpr int kP = 16;          // page size (rows of the Gram matrix)
-constexpr int kWarps = 2;       // warps per block
-constexpr int kPerWarp = 2;     // problems per warp (one per half-warp in the solver)
-constexpr int kMaxSweeps = 10;  // Jacobi sweeps cap (fp32 converges in about 5-7)
-constexpr unsigned kFull = 0xffffffffu;
+using sb::kFull;
+using sb::kMaxSweeps;
+using sb::kP;
+using sb::load_row_vec;
+using sb::Out;
+using sb::resolve_block;
+using sb::rr_partner;
+using sb::Work;
+
+constexpr int kWarps = 2;    // warps per block
+constexpr int kPerWarp = 2;  // problems per warp (one per half-warp in the solver)
 
 enum class Stage : int { jacobi = 0, gram_only = 1, from_eig = 2 };
-
-struct Work {
-  // list mode: block ids; filled mode: the batch (block_table / seq_lens) and `appended`.
-  const int32_t* block_ids;
-  int64_t n_items;  // blocks (list) or sequences (filled)
-  const int32_t* block_table;
-  int64_t bt_stride;
-  const int32_t* seq_lens;
-  int appended;
-  bool filled;
-};
-
-struct Out {
-  float* mu;
-  float* basis;
-  float* coeff;
-  int8_t* mu_q;
-  float* mu_scale;
-  uint8_t* basis_q;
-  float* basis_scale;
-  int8_t* coeff_q;
-  float* coeff_scale;
-  bool quant;
-};
-
-// Physical block of problem item (or -1 when there is nothing to build).
-__device__ int32_t resolve_block(const Work& w, int64_t item) {
-  if (item >= w.n_items) return -1;
-  if (!w.filled) return w.block_ids[item];
-  const int32_t len = w.seq_lens[item];
-  const int32_t before = max(len - w.appended, 0);
-  if (len / kP == before / kP) return -1;  // no page completed by the last tokens
-  return w.block_table[item * w.bt_stride + (len / kP - 1)];
-}
-
-constexpr __host__ __device__ int rr_partner(int i, int t) {
-  return i == 15 ? t : (i == t ? 15 : (2 * t - i + 15) % 15);
-}
 
 __device__ __forceinline__ float pick(const float (&a)[16], int idx) {
   float r = a[0];
@@ -127,15 +98,6 @@ __device__ __forceinline__ float half_sum(float x) {
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o, 16);
   return x;
-}
-
-template <typename T>
-__device__ __forceinline__ void load_row_vec(const T* src, float* dst, int n_vec_lane_idx) {
-  constexpr int kPer = 16 / sizeof(T);
-  const uint4 u = reinterpret_cast<const uint4*>(src)[n_vec_lane_idx];
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int x = 0; x < kPer; ++x) dst[n_vec_lane_idx * kPer + x] = detail::to_float(e[x]);
 }
 
 template <typename T, Stage S>
@@ -277,79 +239,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float* mu = mum + w * d;
     const int64_t bh = int64_t(blk[w]) * H + head[w];
     const float s0 = sg[0];
-    // mu
-    if (!out.quant) {
-      for (int c = lane; c < d; c += 32) out.mu[bh * d + c] = mu[c];
-    } else {
-      float mx = 0.0f;
-      for (int c = lane; c < d; c += 32) mx = fmaxf(mx, fabsf(mu[c]));
-      const float scale = detail::warp_max(mx) / 127.0f;
-      if (lane == 0) out.mu_scale[bh] = scale;
-      for (int c = lane; c < d; c += 32) {
-        int q = scale == 0.0f ? 0 : __float2int_rn(mu[c] / scale);
-        out.mu_q[bh * d + c] = int8_t(max(-127, min(127, q)));
-      }
-    }
-    // basis rows: lane owns dim pairs (2p, 2p+1), p = lane, lane + 32, ...
-    for (int k = 0; k < rank; ++k) {
-      const float sk = sg[k];
-      const float inv = (sk > 0.0f && sk > 1e-6f * s0) ? 1.0f / sk : 0.0f;
-      float2 val[2];
-      const int npairs = d / 2;
-      float mx = 0.0f;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int p = lane + 32 * m;
-        float x = 0.0f, y = 0.0f;
-        if (p < npairs) {
-#pragma unroll
-          for (int r = 0; r < kP; ++r) {
-            const float2 dd = *reinterpret_cast<const float2*>(D + r * ld + 2 * p);
-            x = fmaf(dd.x, U[k * kP + r], x);
-            y = fmaf(dd.y, U[k * kP + r], y);
-          }
-        }
-        val[m] = make_float2(x * inv, y * inv);
-        mx = fmaxf(mx, fmaxf(fabsf(val[m].x), fabsf(val[m].y)));
-      }
-      if (!out.quant) {
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int p = lane + 32 * m;
-          if (p < npairs)
-            *reinterpret_cast<float2*>(out.basis + (bh * rank + k) * d + 2 * p) = val[m];
-        }
-      } else {
-        const float scale = detail::warp_max(mx) / 7.0f;
-        if (lane == 0) out.basis_scale[bh * rank + k] = scale;
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int p = lane + 32 * m;
-          if (p < npairs) {
-            int lo = scale == 0.0f ? 0 : __float2int_rn(val[m].x / scale);
-            int hi = scale == 0.0f ? 0 : __float2int_rn(val[m].y / scale);
-            lo = max(-7, min(7, lo));
-            hi = max(-7, min(7, hi));
-            out.basis_q[(bh * rank + k) * (d / 2) + p] =
-                uint8_t((unsigned(lo) & 0xFu) | ((unsigned(hi) & 0xFu) << 4));
-          }
-        }
-      }
-    }
-    // coefficients: coeff[i][k] = sigma_k u_k[i]; lanes 0..15 own key i.
-    for (int k = 0; k < rank; ++k) {
-      const float sk = sg[k];
-      const float keep = (sk > 0.0f && sk > 1e-6f * s0) ? sk : 0.0f;
-      const float cv = keep * U[k * kP + i];
-      if (!out.quant) {
-        if (half == 0) out.coeff[(bh * kP + i) * rank + k] = cv;
-      } else {
-        const float scale = detail::warp_max(fabsf(cv)) / 127.0f;
-        if (lane == 0) out.coeff_scale[bh * rank + k] = scale;
-        int q = scale == 0.0f ? 0 : __float2int_rn(cv / scale);
-        if (half == 0) out.coeff_q[(bh * kP + i) * rank + k] = int8_t(max(-127, min(127, q)));
-      }
-    }
+    sb::write_mu(out, mu, d, bh, lane);
+    for (int k = 0; k < rank; ++k)
+      sb::write_basis(out, D, ld, U + k * kP, sg[k], s0, d, rank, k, bh, lane);
+    for (int k = 0; k < rank; ++k) sb::write_coeff(out, U + k * kP, sg[k], s0, rank, k, bh, lane);
   }
 }
 
@@ -528,8 +421,27 @@ void SummaryBuilder::build_filled(const KvCacheView& cache, const BatchView& bat
          batch.seq_lens,
          appended,
          true};
-  launch<Stage::jacobi>(cache, summary_, w, int64_t(batch.batch_size) * cache_.num_kv_heads,
-                        make_out(out), nullptr, nullptr, nullptr, stream);
+  // Latency kernel: a block per (sequence, KV head), grid from the batch size only.
+  const int H = cache_.num_kv_heads, d = cache_.head_dim, r = summary_.rank;
+  const int64_t blocks = int64_t(batch.batch_size) * H;
+  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "batch too large: ", batch.batch_size);
+  const Out o = make_out(out);
+  auto go = [&](auto* k) {
+    using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+    sb::filled_kernel<TT><<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o);
+  };
+  switch (cache.layout.dtype) {
+    case DType::f32:
+      go(static_cast<const float*>(cache.k));
+      break;
+    case DType::f16:
+      go(static_cast<const __half*>(cache.k));
+      break;
+    default:
+      go(static_cast<const __nv_bfloat16*>(cache.k));
+      break;
+  }
+  LOCKS_CUDA_LAUNCHED();
 }
 
 }  // namespace locks::cuda
