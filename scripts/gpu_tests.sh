@@ -45,7 +45,7 @@ for p in "${phases[@]}"; do
       [ $rc -eq 0 ] || status=1 ;;
     racecheck)
       timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
-        --gtest_filter='*SummaryBuildTest*/0:*SummaryBuildTest*/4:SummaryBuildFilled*:*DecodeOpsTest*_1:*DecodeOpsTest*_3:*DecodeOpsTest*_5:DecodeSelect*:DecodeGraph*' \
+        --gtest_filter='*SummaryBuildTest*/0:*SummaryBuildTest*/4:SummaryBuildFilled*:*DecodeOpsTest*_0:*DecodeOpsTest*_1:*DecodeOpsTest*_2:*DecodeOpsTest*_3:*DecodeOpsTest*_5:DecodeSelect*:DecodeGraph*' \
         >"$OUT/racecheck.log" 2>&1
       rc=$?; echo "racecheck rc=$rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/racecheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;

@@ -38,6 +38,9 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   LOCKS_REQUIRE(group_ <= 16, "GQA group ", group_, " > 16 is not supported by the CUDA decoder");
   LOCKS_REQUIRE(plan.max_batch >= 1 && plan.max_batch <= 65535,
                 "max_batch must be in [1, 65535], got ", plan.max_batch);
+  // The kernels index (block, KV head) pairs in 32 bits.
+  LOCKS_REQUIRE(int64_t(L.num_blocks) * L.num_kv_heads < (int64_t(1) << 31), "num_blocks ",
+                L.num_blocks, " x num_kv_heads ", L.num_kv_heads, " exceeds 2^31");
   LOCKS_REQUIRE(plan.max_blocks_per_seq >= 1, "max_blocks_per_seq must be >= 1, got ",
                 plan.max_blocks_per_seq);
   LOCKS_REQUIRE(plan.cfg.scale >= 0.0f && std::isfinite(plan.cfg.scale), "bad scale ",
@@ -54,8 +57,8 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   detail::prepare_score_kernels();
   detail::prepare_attention_kernels();
   // Sparse splits: the whole batch in one wave of the attention kernel (its blocks per SM
-  // from the occupancy calculator: 3 for d 128 and G <= 8 (shared memory), 2 for G 16
-  // (registers)), 4 to 32 pages each.
+  // from the occupancy calculator: 3 at d 128 (64 KB of stages), 5 at d 64 for G <= 8 and
+  // 4 for G 16), 4 to 32 pages each.
   // A split is a few pages per warp, so a second, partial wave would cost a whole block
   // time (v11: "about 4 blocks per SM" made 512 blocks for 396 slots at 128K batch 8).
   const int64_t slots = int64_t(detail::attention_blocks_per_sm(L.dtype, L.head_dim, group_)) * sms;

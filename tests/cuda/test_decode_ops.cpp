@@ -317,6 +317,46 @@ TEST(DecodeSelect, FusedTiesAcrossChunks) {
   }
 }
 
+// Dense splits longer than 128 pages (planned contexts over 1M tokens: at most 512 splits
+// a sequence) take the attention kernel's block-table reload path (32 pages a warp at a
+// time); a plan for 70,000 pages over a 701-page sequence gives 137-page splits.
+TEST(DecodeDense, LongSplitsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  const int P = 16, Hkv = 2, G = 4, Hq = Hkv * G, d = 64;
+  const std::vector<int64_t> lens = {16 * 700 + 3, 16 * 130};
+  CacheLayout L{701 + 130 + 2, P, Hkv, d, DType::bf16};
+  GpuCache gc(L);
+  for (size_t s = 0; s < lens.size(); ++s) {
+    std::vector<float> k, v;
+    make_kv(lens[s], Hkv, d, P, 6, 77 + s, k, v);
+    gc.add(k, v, lens[s]);
+  }
+  gc.sync();
+  const int B = int(lens.size());
+  const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 5);
+  DevBuf<float> dq(q);
+  cuda::Plan plan{L, Hq, B, 70000, DecodeConfig{SelectConfig{512, 0, 0}, 0.0f}};
+  cuda::Decoder dec(plan);
+  DevBuf<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
+  dec.run_dense(gc.dview(), gc.dbatch(), QueryView{dq.p, Hq}, AttentionOutput{out.p, lse.p},
+                nullptr);
+  CK(cudaDeviceSynchronize());
+  const auto o = out.download(), ls = lse.download();
+  std::vector<double> ro(o.size()), rl(ls.size());
+  ref::decode_attention(gc.host.view(), gc.batch.view, QueryView{q.data(), Hq}, dec.scale(),
+                        nullptr, ro.data(), rl.data());
+  for (int i = 0; i < B * Hq; ++i) {
+    double num = 0, den = 1e-30;
+    for (int e = 0; e < d; ++e) {
+      const double x = o[size_t(i) * d + e], y = ro[size_t(i) * d + e];
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << "row " << i;
+    EXPECT_NEAR(ls[size_t(i)], rl[size_t(i)], 1e-3) << "row " << i;
+  }
+}
+
 TEST(DecodePlan, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   auto make = [](CacheLayout L, int hq, int budget) {
