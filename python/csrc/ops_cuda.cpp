@@ -121,7 +121,8 @@ void select(const at::Tensor& q, const locks::SummaryView& s, const at::Tensor& 
                       static_cast<int>(recent_pages), static_cast<float>(scale), dev.index());
     const cudaStream_t st = stream_for(q);
     d.score(s, batch, qv, st);
-    d.aggregate_select(batch, st);  // the fused path Decoder::run takes
+    d.aggregate(batch, st);
+    d.select(batch, st);
     const locks::Selection mine = d.selection();
     LOCKS_REQUIRE(mine.capacity == sel.capacity, "pages: capacity ", sel.capacity,
                   " differs from the budget's ", mine.capacity, " (locks.ops.select_capacity)");

@@ -5,7 +5,6 @@
 // chunk, the same butterfly as lse_kernel, so the same bits) and the separate LSE launch
 // is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks in
 // every block cost more L2 traffic than the launch).
-#include "aggregate.cuh"
 #include "common.cuh"
 #include "kernels.cuh"
 #include "pdl.cuh"
@@ -21,24 +20,31 @@ static_assert(kThreads == kScoreChunk);
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
                float* __restrict__ head_lse) {
-  static_assert(kThreads == kLseThreads);
   pdl_wait();
   pdl_trigger();
   __shared__ float sm[kThreads / 32], sl[kThreads / 32];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float m, l;
-  lse_warp_partial(chunk_lse + (int64_t(b) * Hq + hq) * n_chunks * 2, n_used, threadIdx.x, m, l);
+  const float* cl = chunk_lse + (int64_t(b) * Hq + hq) * n_chunks * 2;
+  float m = kNegInf, l = 0.0f;
+  for (int c = threadIdx.x; c < n_used; c += kThreads) lse_merge(m, l, cl[2 * c], cl[2 * c + 1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    lse_merge(m, l, m2, l2);
+  }
   if (lane == 0) sm[warp] = m, sl[warp] = l;
   __syncthreads();
-  if (threadIdx.x == 0) head_lse[int64_t(b) * Hq + hq] = lse_finish(sm, sl);
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) lse_merge(m, l, sm[w], sl[w]);
+    head_lse[int64_t(b) * Hq + hq] = (m == kNegInf) ? kNegInf : m + logf(l);
+  }
 }
 
 constexpr int kFusedMaxChunks = 32;  // one lane per chunk partial
 
 // fused: head_lse is written here (by the chunk-0 blocks) from chunk_lse [.., n_used <= 32]
-// instead of being read. With <= 32 chunks, warp 0 of lse_kernel holds every partial and
-// the other warps' (-inf, 0) merge as the identity: the same bits.
+// instead of being read.
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
     aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
@@ -53,8 +59,15 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < G; g += kThreads / 32) {
       const int64_t hrow = int64_t(b) * Hq + h * G + g;
-      float m, l;
-      lse_warp_partial(chunk_lse + hrow * n_chunks * 2, n_used, lane, m, l);
+      const float* cl = chunk_lse + hrow * n_chunks * 2;
+      float m = kNegInf, l = 0.0f;
+      if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
+                    l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        lse_merge(m, l, m2, l2);
+      }
       if (lane == 0) {
         const float v = (m == kNegInf) ? kNegInf : m + logf(l);
         lse[g] = v;
@@ -67,9 +80,24 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const int j = chunk * kScoreChunk + threadIdx.x;
   if (j >= M) return;
-  float a[1];
-  group_page_scores<1>(hs + (int64_t(b) * Hq + h * G) * M + j, M, 0, 1, lse, G, a);
-  gs[(int64_t(b) * Hkv + h) * M + j] = a[0];
+  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
+  float m = kNegInf;
+  for (int g = 0; g < G; ++g) {
+    const float x = s[int64_t(g) * M];
+    if (lse[g] == kNegInf || x == kNegInf) continue;
+    m = fmaxf(m, x - lse[g]);
+  }
+  float out = kNegInf;
+  if (m != kNegInf) {
+    float sum = 0.0f;
+    for (int g = 0; g < G; ++g) {
+      const float x = s[int64_t(g) * M];
+      if (lse[g] == kNegInf || x == kNegInf) continue;
+      sum += expf(x - lse[g] - m);
+    }
+    out = m + logf(sum) - logf(float(G));
+  }
+  gs[(int64_t(b) * Hkv + h) * M + j] = out;
 }
 
 }  // namespace

@@ -146,13 +146,6 @@ void Decoder::select(const BatchView& batch, cudaStream_t st) {
                         select_chunks_, st);
 }
 
-void Decoder::aggregate_select(const BatchView& batch, cudaStream_t st) {
-  check_batch(batch);
-  detail::launch_aggregate_select(head_scores_, chunk_lse_, score_chunks_, batch, plan_.num_q_heads,
-                                  plan_.cache.num_kv_heads, plan_.cfg.select, plan_.cache.page_size,
-                                  selection(), cand_key_, cand_idx_, cand_cnt_, select_chunks_, st);
-}
-
 void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                      const Selection* sel, const AttentionOutput& out, cudaStream_t st) {
   check_batch(batch);
@@ -183,7 +176,8 @@ void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const Que
 void Decoder::run(const KvCacheView& cache, const SummaryView& summaries, const BatchView& batch,
                   const QueryView& q, const AttentionOutput& out, cudaStream_t st) {
   score(summaries, batch, q, st);
-  aggregate_select(batch, st);
+  aggregate(batch, st);
+  select(batch, st);
   const Selection sel = selection();
   attend(cache, batch, q, &sel, out, st);
 }

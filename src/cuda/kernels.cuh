@@ -36,14 +36,6 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
 void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,
                    const SelectConfig& cfg, int page_size, const Selection& out, uint32_t* cand_key,
                    int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st);
-// The aggregation fused into the first selection stage: the group scores of each chunk are
-// computed from head_scores and chunk_lse inside it (same bits as launch_aggregate) and
-// never written; two launches instead of four (three with <= 32 score chunks).
-void launch_aggregate_select(const float* head_scores, const float* chunk_lse, int n_score_chunks,
-                             const BatchView& batch, int num_q_heads, int num_kv_heads,
-                             const SelectConfig& cfg, int page_size, const Selection& out,
-                             uint32_t* cand_key, int32_t* cand_idx, int32_t* cand_cnt, int n_chunks,
-                             cudaStream_t st);
 
 // Split-K attention. sel == nullptr: dense over every page. Partials part_o
 // [B, Hq, n_splits, d], part_ml [B, Hq, n_splits, 2]; then the merge writes out / lse.

@@ -113,17 +113,6 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   EXPECT_EQ(gcnt, ccnt);
   EXPECT_EQ(gp, cp);
 
-  // 3b. aggregation fused into selection (run()'s path): the same selection, bit for bit.
-  CK(cudaMemset(gsel.pages, 0x7f, gp.size() * 4));
-  CK(cudaMemset(gsel.counts, 0x7f, gcnt.size() * 4));
-  dec.aggregate_select(db, nullptr);
-  CK(cudaDeviceSynchronize());
-  std::vector<int32_t> fp(gp.size()), fcnt(gcnt.size());
-  CK(cudaMemcpy(fp.data(), gsel.pages, fp.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(fcnt.data(), gsel.counts, fcnt.size() * 4, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(fcnt, ccnt);
-  EXPECT_EQ(fp, cp);
-
   // 4. sparse attention with the GPU selection, dense attention: vs float64 reference.
   for (int dense = 0; dense < 2; ++dense) {
     DevBuf<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
@@ -252,10 +241,10 @@ TEST(DecodeSelect, TiesGoToTheLowerIndex) {
   EXPECT_EQ(gp, cp);
 }
 
-// The fused aggregation + selection with massive exact ties in the group scores, over
-// sequences longer than one 4096-page selection chunk: ties go to the lower index across
-// chunks, exactly like the CPU on the GPU's own group scores.
-TEST(DecodeSelect, FusedTiesAcrossChunks) {
+// Massive exact ties in the group scores over sequences longer than one 4096-page selection
+// chunk: ties go to the lower index across chunks, exactly like the CPU on the GPU's own
+// group scores.
+TEST(DecodeSelect, TiesAcrossChunks) {
   SKIP_WITHOUT_GPU();
   const int P = 16, r = 8, Hkv = 2, G = 4, Hq = Hkv * G, d = 64;
   const std::vector<int64_t> lens = {16 * 9000 + 5, 16 * 4097, 16 * 4096, 300};
@@ -302,19 +291,14 @@ TEST(DecodeSelect, FusedTiesAcrossChunks) {
   std::vector<int32_t> cp(size_t(B) * Hkv * s.capacity), cc(size_t(B) * Hkv);
   cpu::select_pages(ga.data(), gc.batch.view, Hkv, P, sc,
                     Selection{cp.data(), cc.data(), s.capacity});
-  for (int fused = 0; fused < 2; ++fused) {
-    CK(cudaMemset(s.pages, 0x7f, cp.size() * 4));
-    if (fused)
-      dec.aggregate_select(db, nullptr);
-    else
-      dec.select(db, nullptr);
-    CK(cudaDeviceSynchronize());
-    std::vector<int32_t> gp(cp.size()), gcnt(cc.size());
-    CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(gcnt, cc) << (fused ? "fused" : "select");
-    EXPECT_EQ(gp, cp) << (fused ? "fused" : "select");
-  }
+  CK(cudaMemset(s.pages, 0x7f, cp.size() * 4));
+  dec.select(db, nullptr);
+  CK(cudaDeviceSynchronize());
+  std::vector<int32_t> gp(cp.size()), gcnt(cc.size());
+  CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(gcnt, cc);
+  EXPECT_EQ(gp, cp);
 }
 
 // Dense splits longer than 128 pages (planned contexts over 1M tokens: at most 512 splits

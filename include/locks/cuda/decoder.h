@@ -41,7 +41,7 @@ class Decoder {
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
-  // The full LOCKS step: score -> aggregate_select -> sparse attention.
+  // The full LOCKS step: score -> aggregate -> select -> sparse attention.
   void run(const KvCacheView& cache, const SummaryView& summaries, const BatchView& batch,
            const QueryView& q, const AttentionOutput& out, cudaStream_t stream);
   // FullKV baseline: split-K attention over every page.
@@ -53,9 +53,6 @@ class Decoder {
              cudaStream_t stream);                              // -> head_scores()
   void aggregate(const BatchView& batch, cudaStream_t stream);  // -> group_scores()
   void select(const BatchView& batch, cudaStream_t stream);     // -> selection()
-  // aggregate + select in one pass over head_scores() (what run() does): the same
-  // selection, with group_scores() left unwritten.
-  void aggregate_select(const BatchView& batch, cudaStream_t stream);  // -> selection()
   void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
               const Selection* sel, const AttentionOutput& out, cudaStream_t stream);
 
