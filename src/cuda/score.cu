@@ -4,13 +4,13 @@
 // Two kernels, one block per (chunk of 128 pages, KV head, sequence) so the grid depends on
 // the plan only; pages past the sequence get -inf:
 //  * score_mma (quant summaries, rank 8, P 16, d 64/128): the three per-page products run
-//    on the tensor cores (mma.sync), each as accurate as fp32 CUDA-core code.
-//    Products: [2 pages x 8 basis rows] x [d x (G heads x 3 digits)] (V q) and [pages] x
-//    [d x (G x 3)] (q.mu) on the int8 tensor cores (m16n8k32, exact s32 sums): the query as
-//    three int8 digits of a 22-bit fixed-point value, the int4 basis codes as u8 v + 8 (one
-//    LOP3 per 4 codes; the bias is subtracted per head), the int8 centroids as they are;
-//    [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, fp16 with the
-//    projected query split into hi + lo, transposed so each head's 16 keys sum in a quad).
+//    on the tensor cores (mma.sync m16n8k16, fp16 in, fp32 accumulate). The int8/int4 codes
+//    are exact in fp16; the query (and the projected query) is split into fp16 hi + lo
+//    columns, so the products keep about 22 bits: as accurate as fp32 CUDA-core code.
+//    Products: [2 pages x 8 basis rows] x [d x 2G] (V q), [(G heads x hi/lo) x 2 halves
+//    of d] x [d/2 x (4 pages x 2 halves)] (q.mu; G <= 4 or d 64, else [16 pages] x [d x 2G]),
+//    [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
+//    that each head's 16 keys sum within a lane quad).
 //  * score_generic (fp32 summaries or other shapes): CUDA cores, one warp per page.
 #include <cstdint>
 
@@ -175,7 +175,20 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// (a & b) ^ c in one LOP3 (the compiler splits it in two when both b and c are immediates).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float hi_part(float x) { return __half2float(__float2half_rn(x)); }
+
+// (a & b) | c and (a & b) ^ c in one LOP3 each (the compiler splits them in two when both
+// b and c are immediates).
+template <uint32_t B, uint32_t C>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "n"(B), "n"(C));
+  return d;
+}
 template <uint32_t B, uint32_t C>
 __device__ __forceinline__ uint32_t and_xor(uint32_t a) {
   uint32_t d;
@@ -185,6 +198,30 @@ __device__ __forceinline__ uint32_t and_xor(uint32_t a) {
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
+// Eight int4 codes of a word -> four half2 (dims 8w+m and 8w+m+4 for m = 0..3), exact:
+// nibbles biased to v + 8 are or-ed into the mantissa of 1024 (m even) or, four bits up, of
+// 1024 = 64 * 16 (m odd; scaled back by the exact 1/16 of an HFMA2). 10 instructions a word.
+__device__ __forceinline__ void int4x8_to_half2(uint32_t w, uint32_t (&out)[4]) {
+  const uint32_t x = w ^ 0x88888888u, y = x >> 8;
+  const __half2 bias = __floats2half2_rn(1032.0f, 1032.0f);
+  const __half2 sixteenth = __floats2half2_rn(0.0625f, 0.0625f);
+  const __half2 bias16 = __floats2half2_rn(-72.0f, -72.0f);
+  out[0] = h2_bits(__hsub2(bits_h2(and_or<0x000F000Fu, 0x64006400u>(x)), bias));
+  out[1] = h2_bits(__hfma2(bits_h2(and_or<0x00F000F0u, 0x64006400u>(x)), sixteenth, bias16));
+  out[2] = h2_bits(__hsub2(bits_h2(and_or<0x000F000Fu, 0x64006400u>(y)), bias));
+  out[3] = h2_bits(__hfma2(bits_h2(and_or<0x00F000F0u, 0x64006400u>(y)), sixteenth, bias16));
+}
+// Eight int8 codes (words a: dims 8v..8v+3, b: 8v+4..8v+7) -> four half2 with the same
+// (dim m, dim m + 4) pairing as int4x8_to_half2, exact.
+__device__ __forceinline__ void int8x8_to_half2(uint32_t a, uint32_t b, uint32_t (&out)[4]) {
+  const __half2 bias = __floats2half2_rn(1152.0f, 1152.0f);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t p = __byte_perm(a, b, uint32_t(m) | (uint32_t(4 + m) << 8));
+    const uint32_t u = and_xor<0x00FF00FFu, 0x64806480u>(p);  // 1024 + (v + 128)
+    out[m] = h2_bits(__hsub2(bits_h2(u), bias));
+  }
+}
 // Two int8 codes (the low 16 bits of v) -> one half2, exact.
 __device__ __forceinline__ uint32_t int8x2_to_half2(uint32_t v) {
   // bytes [c0, 0x64, c1, 0x64], sign bits flipped: halves 1024 + (c + 128)
@@ -292,59 +329,15 @@ struct StageLoader {
   }
 };
 
-// D = head_dim, NT1 = GMAX / 4 (GMAX = 4, 8, 16 query heads per KV head).
+// D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
 // Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
 // kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
 // tensor-core work on the current ones.
-// Blocks per SM that shared memory leaves room for at d 128 (7, 6, 4 for G <= 4, 8, 16);
+// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16);
 // registers are capped to match, so they never lower the occupancy further.
 template <int NT1>
 constexpr int score_min_blocks() {
-  return NT1 == 1 ? 7 : NT1 == 2 ? 6 : 4;
-}
-
-// Integer mma m16n8k32 (s32 accumulate, exact): A u8 or s8, B s8.
-__device__ __forceinline__ void imma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void imma_s8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The query as three balanced base-256 digits of Q = rint(x * 2^21) (|x| < 2 after the
-// per-head normalisation, so |Q| <= 2^22 and every digit fits in int8): 22 bits, exact
-// integer products on the tensor cores.
-constexpr float kQScale = 2097152.0f;  // 2^21
-__device__ __forceinline__ int query_digit(float x, int digit) {
-  const int Q = __float2int_rn(x * kQScale);
-  const int d2 = int(int8_t(Q & 0xff));
-  const int r = (Q - d2) >> 8;
-  const int d1 = int(int8_t(r & 0xff));
-  return digit == 2 ? d2 : digit == 1 ? d1 : (r - d1) >> 8;
-}
-
-// Query-digit columns of the V q product (B operand, n-tiles of 8): n-tile nt < NT1 holds
-// heads 4 nt + n / 2, digit n % 2 (column n); n-tile NT1 + u digit 2 of head
-// (2 u + n % 2) * 4 + n / 2. So lane (gid, tig) gets all three digits of heads 4 nt + tig
-// in its accumulators. Returns the head (>= GMAX for an unused column) and the digit.
-template <int NT1>
-__device__ __forceinline__ int col_head(int nt, int n, int& digit) {
-  if (nt < NT1) {
-    digit = n & 1;
-    return 4 * nt + (n >> 1);
-  }
-  digit = 2;
-  return (2 * (nt - NT1) + (n & 1)) * 4 + (n >> 1);
+  return NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
 template <int D, int NT1>
@@ -352,22 +345,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
               float scale, float* head_scores, float* chunk_lse, int n_chunks) {
-  constexpr int K8 = D / 32;  // int8 k-steps over the head dim
+  constexpr int KS = D / 16;  // k-steps over the head dim
   constexpr int R = 8;        // rank
   constexpr int GMAX = 4 * NT1;
-  constexpr int NT2 = (GMAX + 7) / 8;                // n-tiles of digit 2
-  constexpr int NTQ = NT1 + NT2;                     // query n-tiles of V q
   constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
   constexpr int kStages = kPerWarp / kSP;
-  constexpr int kQ = GMAX * D, kSc = GMAX * kScoreChunk;
-  // The query rows are only read before the stage loop and the scores only written in it,
-  // so they share one buffer (a block barrier in between): 7 blocks per SM at G 4, d 128.
-  __shared__ __align__(16) float qsc[kQ > kSc ? kQ : kSc];
-  float(*qs)[D] = reinterpret_cast<float(*)[D]>(qsc);
-  float* sc = qsc;
-  __shared__ float unscale[GMAX];             // 2^-21 / (the head's normaliser)
-  __shared__ float qbias[GMAX];               // 8 * sum_c Q_c: the u8 basis codes are v + 8
-  __shared__ float mt[kMmaWarps][kSP][GMAX];  // q.mu per page of the stage, in digit units
+  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap.
+  constexpr bool kMuT = NT1 == 1 || D == 64;
+  __shared__ float qs[GMAX][D + 4];
+  __shared__ float unscale[GMAX];
+  __shared__ float sc[GMAX * kScoreChunk];
+  __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
   // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
   __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
   extern __shared__ float4 dyn[];
@@ -403,46 +391,51 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
       mx = fmaxf(mx, fabsf(x));
     }
     const float f = pow2_normaliser(warp_max(mx));
-    int qsum = 0;
-    for (int c = lane; c < D; c += 32) {
-      const float x = qs[g][c] * f;
-      qs[g][c] = x;
-      qsum += __float2int_rn(x * kQScale);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) qsum += __shfl_xor_sync(kFull, qsum, o);
-    if (lane == 0) {
-      unscale[g] = 1.0f / (f * kQScale);
-      qbias[g] = 8.0f * float(qsum);
-    }
+    for (int c = lane; c < D; c += 32) qs[g][c] *= f;
+    if (lane == 0) unscale[g] = 1.0f / f;
   }
   __syncthreads();
 
-  // B fragments of the query digits (int8), n-tiles as in col_head. K order of k-step s:
-  // positions 4 tig + i hold dim (D/4) tig + 8 s + 2 i and positions 16 + 4 tig + i dim
-  // (D/4) tig + 8 s + 2 i + 1, matching the even / odd nibbles of a basis word (see (b)).
-  uint32_t bq[NTQ][K8][2];
+  // B fragments of the query: column n = gid of n-tile nt is head nt*4 + gid/2, hi or lo.
+  uint32_t bq[NT1][KS][2];
 #pragma unroll
-  for (int nt = 0; nt < NTQ; ++nt) {
-    int digit;
-    const int g = col_head<NT1>(nt, gid, digit);
+  for (int nt = 0; nt < NT1; ++nt) {
+    const int g = nt * 4 + (gid >> 1);
+    const bool lo = gid & 1;
 #pragma unroll
-    for (int s = 0; s < K8; ++s)
+    for (int s = 0; s < KS; ++s) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        uint32_t w = 0;
-        if (g < GMAX)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            w |= uint32_t(query_digit(qs[g][(D / 4) * tig + 8 * s + 2 * i + x], digit) & 0xff)
-                 << (8 * i);
-        bq[nt][s][x] = w;
+        const int ri = 2 * s + x;
+        const int dim = (D / 4) * tig + 8 * (ri / 4) + (ri % 4);
+        const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+        const float e0 = lo ? v0 - hi_part(v0) : v0, e1 = lo ? v1 - hi_part(v1) : v1;
+        bq[nt][s][x] = pack_half2(e0, e1);
       }
+    }
   }
-  float kb[NT1];  // bias of the lane's heads 4 nt + tig
+
+  // A fragments of the query for q.mu: m-tile mt holds heads 4 mt .. 4 mt + 3; row gid is
+  // head 4 mt + gid / 2 (hi or lo) over dims [0, d/2), row gid + 8 the same over [d/2, d).
+  // The dims of a k-step match the centroid chunk a lane converts (see (a)).
+  uint32_t aq[kMuT ? NT1 : 1][KS / 2][4];
 #pragma unroll
-  for (int nt = 0; nt < NT1; ++nt) kb[nt] = qbias[4 * nt + tig];
-  __syncthreads();  // qs is dead from here: its buffer holds the scores (sc)
+  for (int mt_ = 0; mt_ < (kMuT ? NT1 : 0); ++mt_) {
+    const int g = mt_ * 4 + (gid >> 1);
+    const bool lo = gid & 1;
+#pragma unroll
+    for (int k = 0; k < KS / 2; ++k)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * k + x;
+          const int dim = r * (D / 2) + (D / 8) * tig + 8 * (i / 4) + (i % 4);
+          const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+          const float e0 = lo ? v0 - hi_part(v0) : v0, e1 = lo ? v1 - hi_part(v1) : v1;
+          aq[mt_][k][2 * x + r] = pack_half2(e0, e1);
+        }
+  }
 
   for (int s = 0; s < kStages; ++s) {
     const int j0 = jw + kSP * s;
@@ -454,54 +447,82 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     cp_async_wait<1>();
     __syncwarp();
     const Stage<D>& st = my[s & 1];
-    // (a) q.mu on the int8 tensor cores: A rows gid are the raw int8 centroids of page
-    // gid % 4 (rows 4..7 repeat them, rows 8..15 are zero), K = d in the digit order of bq,
-    // B the query-digit n-tiles of (b) (bq as it is: its register pairs are the B operand).
-    // Lanes gid < 4 then hold page gid, all three digits of heads 4 nt + tig.
-    {
-      uint32_t mb[K8][2];
-      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid & 3][(D / 4) * tig]);
+    if constexpr (kMuT) {  // (a) q.mu for the stage's pages, transposed so that no mma row is
+                           // padding: A rows are
+      // (head, hi/lo) of the query over the first (rows gid) or second (rows gid + 8) half of
+      // the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
+      // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
+      {
+        uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 16-byte (d 128) or 8-byte chunks
+        const int8_t* src = &st.mu[gid >> 1][(gid & 1) * (D / 2) + (D / 8) * tig];
+        if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
 #pragma unroll
-      for (int v = 0; v < K8 / 2; ++v) {
-        const uint4 u = src[v];
-        mb[2 * v][0] = __byte_perm(u.x, u.y, 0x6420);
-        mb[2 * v][1] = __byte_perm(u.x, u.y, 0x7531);
-        mb[2 * v + 1][0] = __byte_perm(u.z, u.w, 0x6420);
-        mb[2 * v + 1][1] = __byte_perm(u.z, u.w, 0x7531);
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+          int8x8_to_half2(u.z, u.w, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[4 + m] = o[m];
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+        }
+        const float ms = st.muscale[tig];
+#pragma unroll
+        for (int mt_ = 0; mt_ < NT1; ++mt_) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < KS / 2; ++k)
+            mma16816(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
+                     rb[2 * k + 1]);
+          float v = acc[0] + acc[3];
+          v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
+          const int g = mt_ * 4 + (gid >> 1);
+          if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+        }
+      }
+    } else {  // (a') q.mu with the centroids as A rows gid < kSP (the other rows are zero);
+      // no extra registers for the query fragments
+      uint32_t ra[KS * 2];
+      const bool row_ok = gid < kSP;
+      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
+#pragma unroll
+      for (int v = 0; v < D / 64; ++v) {
+        uint4 u = src[v];
+        if (!row_ok) u = make_uint4(0u, 0u, 0u, 0u);
+        uint32_t o[4];
+        int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) ra[8 * v + m] = o[m];
+        int8x8_to_half2(u.z, u.w, o);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) ra[8 * v + 4 + m] = o[m];
       }
 #pragma unroll
-      for (int u = 0; u < NT2; ++u) {
-        int a2[4] = {0, 0, 0, 0};  // digit 2 (columns as in (b))
+      for (int nt = 0; nt < NT1; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int k = 0; k < K8; ++k)
-          imma_s8s8(a2, mb[k][0], 0u, mb[k][1], 0u, bq[NT1 + u][k][0], bq[NT1 + u][k][1]);
-#pragma unroll
-        for (int x = 0; x < 2 && 2 * u + x < NT1; ++x) {
-          const int nt = 2 * u + x;
-          int a01[4] = {0, 0, 0, 0};  // digits 0, 1 of head 4 nt + tig
-#pragma unroll
-          for (int k = 0; k < K8; ++k)
-            imma_s8s8(a01, mb[k][0], 0u, mb[k][1], 0u, bq[nt][k][0], bq[nt][k][1]);
-          if (gid < 4)
-            mt[warp][gid][nt * 4 + tig] =
-                fmaf(float(a01[0]), 65536.0f, float(a01[1] * 256 + a2[x]));
-        }
+        for (int k = 0; k < KS; ++k)
+          mma16816(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
+        const int g = nt * 4 + tig;
+        if (row_ok) mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
       }
     }
     __syncwarp();
 
-    // (b) V q for the pairs of pages of the stage on the int8 tensor cores: A rows are the
-    // 8 basis rows of two pages as u8 codes v + 8 (one LOP3 per 4 codes; the bias is taken
-    // out with qbias), B the query digits; each row of a head is then
-    // (d0 * 2^16 + (d1 * 2^8 + d2)) - bias in fp32.
+    // (b) V q for the pairs of pages of the stage on the tensor cores.
 #pragma unroll
     for (int p = 0; p < kSP; p += 2) {
-      uint32_t ra[2][K8][2];
+      uint32_t ra[2][KS * 2];
       float wsc[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
-        uint32_t w[K8];
+        uint32_t w[D / 32];
         if constexpr (D == 128) {
           const uint4 u = *reinterpret_cast<const uint4*>(src);
           w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
@@ -511,33 +532,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
         }
         wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
 #pragma unroll
-        for (int v = 0; v < K8; ++v) {  // nibbles 0, 2, 4, 6 and 1, 3, 5, 7 as bytes, + 8
-          ra[x][v][0] = and_xor<0x0F0F0F0Fu, 0x08080808u>(w[v]);
-          ra[x][v][1] = and_xor<0x0F0F0F0Fu, 0x08080808u>(w[v] >> 4);
+        for (int v = 0; v < D / 32; ++v) {
+          uint32_t o[4];
+          int4x8_to_half2(w[v], o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) ra[x][4 * v + m] = o[m];
         }
       }
 #pragma unroll
-      for (int u = 0; u < NT2; ++u) {
-        int a2[4] = {0, 0, 0, 0};  // digit 2 of heads 8 u + tig (a2[0], a2[2]) and 8 u + 4 + tig
+      for (int nt = 0; nt < NT1; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int k = 0; k < K8; ++k)
-          imma_u8s8(a2, ra[0][k][0], ra[1][k][0], ra[0][k][1], ra[1][k][1], bq[NT1 + u][k][0],
-                    bq[NT1 + u][k][1]);
-#pragma unroll
-        for (int x = 0; x < 2 && 2 * u + x < NT1; ++x) {
-          const int nt = 2 * u + x;
-          int a01[4] = {0, 0, 0, 0};  // digits 0, 1 of head 4 nt + tig
-#pragma unroll
-          for (int k = 0; k < K8; ++k)
-            imma_u8s8(a01, ra[0][k][0], ra[1][k][0], ra[0][k][1], ra[1][k][1], bq[nt][k][0],
-                      bq[nt][k][1]);
-          const int g = nt * 4 + tig;
-          const float us = unscale[g];
-          const float y0 = fmaf(float(a01[0]), 65536.0f, float(a01[1] * 256 + a2[x])) - kb[nt];
-          const float y1 = fmaf(float(a01[2]), 65536.0f, float(a01[3] * 256 + a2[2 + x])) - kb[nt];
-          wy[warp][(p * GMAX + g) * R + gid] = y0 * (wsc[0] * us);
-          wy[warp][((p + 1) * GMAX + g) * R + gid] = y1 * (wsc[1] * us);
-        }
+        for (int k = 0; k < KS; ++k)
+          mma16816(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
+                   bq[nt][k][0], bq[nt][k][1]);
+        const int g = nt * 4 + tig;
+        wy[warp][(p * GMAX + g) * R + gid] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
+        wy[warp][((p + 1) * GMAX + g) * R + gid] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
       }
     }
     __syncwarp();
@@ -610,8 +621,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
           const bool second = tig == 1;
           const int jj = t * PM + (second ? plB : plA), g = second ? gB : gA;
           const float l = second ? lB : lA, sh = second ? sB : sA;
-          const float qmu = mt[warp][jj][g] * (st.muscale[jj] * unscale[g]);
-          scw[g * kScoreChunk + jj] = j0 + jj < n_full ? (qmu + sh + __log2f(l)) * kLn2 : kNegInf;
+          scw[g * kScoreChunk + jj] =
+              j0 + jj < n_full ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2 : kNegInf;
         }
       }
     }
