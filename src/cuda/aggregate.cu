@@ -1,10 +1,10 @@
 // GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
 // LSE_h comes from the scoring kernel's per-chunk partials, so each block reads only its
-// own chunk of pages plus G x n_chunks partials. With at most 32 chunks (contexts up to
-// 4096 pages) every aggregation block reduces its G heads' partials itself (one lane per
-// chunk, the same butterfly as lse_kernel, so the same bits) and the separate LSE launch
-// is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks in
-// every block cost more L2 traffic than the launch).
+// own tile of pages plus G x n_chunks partials. With at most 32 chunks (contexts up to
+// 4096 pages with 128-page score chunks) every aggregation block reduces its G heads' partials
+// itself (one lane per chunk, the same butterfly as lse_kernel, so the same bits) and the separate
+// LSE launch is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks
+// in every block cost more L2 traffic than the launch).
 #include "common.cuh"
 #include "kernels.cuh"
 #include "pdl.cuh"
@@ -12,8 +12,7 @@
 namespace locks::cuda::detail {
 namespace {
 
-constexpr int kThreads = 128;  // one thread per page of a 128-page chunk
-static_assert(kThreads == kScoreChunk);
+constexpr int kThreads = 128;  // one thread per page of a 128-page tile
 
 // LSE_h of every (sequence, query head) from the scoring kernel's per-chunk partials: one
 // block per row, so the aggregation blocks read G values instead of G x n_chunks partials.
@@ -43,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kFusedMaxChunks = 32;  // one lane per chunk partial
 
-// fused: head_lse is written here (by the chunk-0 blocks) from chunk_lse [.., n_used <= 32]
+// fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 32]
 // instead of being read.
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
@@ -53,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   pdl_trigger();
   __shared__ float lse[16];
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
   if constexpr (kFused) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -71,14 +70,14 @@ __global__ void __launch_bounds__(kThreads)
       if (lane == 0) {
         const float v = (m == kNegInf) ? kNegInf : m + logf(l);
         lse[g] = v;
-        if (chunk == 0) head_lse[hrow] = v;
+        if (tile == 0) head_lse[hrow] = v;
       }
     }
   } else {
     if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
   }
   __syncthreads();
-  const int j = chunk * kScoreChunk + threadIdx.x;
+  const int j = tile * kThreads + threadIdx.x;
   if (j >= M) return;
   const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
   float m = kNegInf;
@@ -103,11 +102,11 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
-                      const BatchView& batch, int Hq, int Hkv, float* head_lse, float* group_scores,
-                      cudaStream_t st) {
+                      int chunk_pages, const BatchView& batch, int Hq, int Hkv, float* head_lse,
+                      float* group_scores, cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
-  const int used = ceil_div(M, kScoreChunk);
-  const dim3 grid(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size));
+  const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
+  const dim3 grid(unsigned(ceil_div(M, kThreads)), unsigned(Hkv), unsigned(batch.batch_size));
   if (used <= kFusedMaxChunks) {
     launch_pdl(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);

@@ -49,13 +49,19 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   capacity_ = select_capacity(plan.cfg.select, L.page_size, plan.max_blocks_per_seq);
   const int M = plan.max_blocks_per_seq, B = plan.max_batch, Hq = plan.num_q_heads,
             Hkv = L.num_kv_heads;
-  score_chunks_ = ceil_div(M, detail::kScoreChunk);
+  score_chunks_ = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks
   select_chunks_ = ceil_div(M, detail::kSelectChunk);
   int dev = 0, sms = 132;
   LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
   LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   detail::prepare_score_kernels();
   detail::prepare_attention_kernels();
+  LOCKS_REQUIRE(plan.score_chunk_pages == 0 || plan.score_chunk_pages == 32 ||
+                    plan.score_chunk_pages == 64 || plan.score_chunk_pages == 128,
+                "score_chunk_pages must be 0 (auto), 32, 64 or 128, got ", plan.score_chunk_pages);
+  tc_chunk_pages_ = plan.score_chunk_pages
+                        ? plan.score_chunk_pages
+                        : detail::score_chunk_pages(L.head_dim, group_, int64_t(B) * Hkv, M, sms);
   // Sparse splits: the whole batch in one wave of the attention kernel (its blocks per SM
   // from the occupancy calculator: 3 at d 128 (64 KB of stages), 5 at d 64 for G <= 8 and
   // 4 for G 16), 4 to 32 pages each.
@@ -129,14 +135,16 @@ void Decoder::score(const SummaryView& s, const BatchView& batch, const QueryVie
     LOCKS_REQUIRE(aligned16(s.mu_q) && aligned16(s.basis_q) && aligned16(s.coeff_q),
                   "quant summary code arrays must be 16-byte aligned");
   }
+  score_chunk_pages_ = tensor_core_scoring(L) ? tc_chunk_pages_ : detail::kScoreChunk;
   detail::launch_score(s, batch, q.q, plan_.num_q_heads, scale_, head_scores_, chunk_lse_,
-                       score_chunks_, true, st);
+                       score_chunks_, score_chunk_pages_, true, st);
 }
 
 void Decoder::aggregate(const BatchView& batch, cudaStream_t st) {
   check_batch(batch);
-  detail::launch_aggregate(head_scores_, chunk_lse_, score_chunks_, batch, plan_.num_q_heads,
-                           plan_.cache.num_kv_heads, head_lse_, group_scores_, st);
+  detail::launch_aggregate(head_scores_, chunk_lse_, score_chunks_, score_chunk_pages_, batch,
+                           plan_.num_q_heads, plan_.cache.num_kv_heads, head_lse_, group_scores_,
+                           st);
 }
 
 void Decoder::select(const BatchView& batch, cudaStream_t st) {

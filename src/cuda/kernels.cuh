@@ -12,14 +12,20 @@
 
 namespace locks::cuda::detail {
 
-constexpr int kScoreChunk = 128;    // pages per scoring block (and per chunk LSE partial)
+constexpr int kScoreChunk = 128;    // most pages per scoring block (and per chunk LSE partial)
+constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
 constexpr int kSelectChunk = 4096;  // pages per first-stage selection block
 
 // head_scores [B, Hq, M] (natural-log page scores, -inf off the full pages) and the
-// per-chunk log-sum-exp partials chunk_lse [B, Hq, n_chunks, 2] (max, sum of exp).
+// per-chunk log-sum-exp partials chunk_lse [B, Hq, n_chunks, 2] (max, sum of exp), one per
+// chunk of chunk_pages pages (128, or 64 / 32 on the tensor-core path; see
+// score_chunk_pages).
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
-                  float scale, float* head_scores, float* chunk_lse, int n_chunks,
+                  float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   bool allow_tensor_cores, cudaStream_t st);
+// Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
+// of (chunk, KV head, sequence) blocks would not fill one wave of the GPU.
+int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);
 bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 // Raises the dynamic shared-memory limits once (outside any graph capture).
 void prepare_score_kernels();
@@ -30,8 +36,8 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group);
 
 // head_lse: workspace [B, Hq] (each head's log-sum-exp over its pages).
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
-                      const BatchView& batch, int num_q_heads, int num_kv_heads, float* head_lse,
-                      float* group_scores, cudaStream_t st);
+                      int chunk_pages, const BatchView& batch, int num_q_heads, int num_kv_heads,
+                      float* head_lse, float* group_scores, cudaStream_t st);
 
 void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,
                    const SelectConfig& cfg, int page_size, const Selection& out, uint32_t* cand_key,

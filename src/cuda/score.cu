@@ -12,6 +12,7 @@
 //    [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
 //    that each head's 16 keys sum within a lane quad).
 //  * score_generic (fp32 summaries or other shapes): CUDA cores, one warp per page.
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -56,22 +57,24 @@ __device__ __forceinline__ float pow2_normaliser(float mx) {
   return __uint_as_float(uint32_t(127 - e) << 23);
 }
 
-// Writes the chunk's scores (smem sc[g][128]) to head_scores and the chunk LSE partials.
-__device__ void write_chunk(const float* sc, int G, int b, int h, int Hq, int M, int chunk,
+// Writes the chunk's scores (smem sc[g][kScoreChunk], the first cp columns used) to
+// head_scores and the chunk LSE partials; cp = pages of the chunk.
+__device__ void write_chunk(const float* sc, int cp, int G, int b, int h, int Hq, int M, int chunk,
                             int n_chunks, float* head_scores, float* chunk_lse) {
-  const int j0 = chunk * kScoreChunk;
-  for (int e = threadIdx.x; e < G * kScoreChunk; e += blockDim.x) {
-    const int g = e / kScoreChunk, jj = e % kScoreChunk;
-    if (j0 + jj < M) head_scores[(int64_t(b) * Hq + h * G + g) * M + j0 + jj] = sc[e];
+  const int j0 = chunk * cp;
+  for (int e = threadIdx.x; e < G * cp; e += blockDim.x) {
+    const int g = e / cp, jj = e % cp;
+    if (j0 + jj < M)
+      head_scores[(int64_t(b) * Hq + h * G + g) * M + j0 + jj] = sc[g * kScoreChunk + jj];
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int g = warp; g < G; g += nw) {
     float m = kNegInf;
-    for (int jj = lane; jj < kScoreChunk; jj += 32) m = fmaxf(m, sc[g * kScoreChunk + jj]);
+    for (int jj = lane; jj < cp; jj += 32) m = fmaxf(m, sc[g * kScoreChunk + jj]);
     m = warp_max(m);
     float l = 0.0f;
     if (m != kNegInf)
-      for (int jj = lane; jj < kScoreChunk; jj += 32) l += __expf(sc[g * kScoreChunk + jj] - m);
+      for (int jj = lane; jj < cp; jj += 32) l += __expf(sc[g * kScoreChunk + jj] - m);
     l = warp_sum(l);
     if (lane == 0) {
       float* o = chunk_lse + ((int64_t(b) * Hq + h * G + g) * n_chunks + chunk) * 2;
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     __syncwarp();
   }
   __syncthreads();
-  write_chunk(sc, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, kScoreChunk, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 // ---------------------------------------------------------------- tensor cores (quant)
@@ -344,12 +347,12 @@ template <int D, int NT1>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
-              float scale, float* head_scores, float* chunk_lse, int n_chunks) {
+              float scale, float* head_scores, float* chunk_lse, int n_chunks, int cp) {
   constexpr int KS = D / 16;  // k-steps over the head dim
   constexpr int R = 8;        // rank
   constexpr int GMAX = 4 * NT1;
-  constexpr int kPerWarp = kScoreChunk / kMmaWarps;  // 32 pages
-  constexpr int kStages = kPerWarp / kSP;
+  const int ppw = cp / kMmaWarps;  // pages per warp: 32, 16 or 8 (cp = 128, 64 or 32)
+  const int n_st = ppw / kSP;      // stages of the warp
   // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap.
   constexpr bool kMuT = NT1 == 1 || D == 64;
   __shared__ float qs[GMAX][D + 4];
@@ -366,12 +369,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int n_full = seq_lens[b] / 16;
-  const int jw = chunk * kScoreChunk + warp * kPerWarp;  // first page of the warp
+  const int jw = chunk * cp + warp * ppw;  // first page of the warp
   const int32_t* bt = block_table + int64_t(b) * bt_stride;
   Stage<D>* my = stages + 2 * warp;
-  // Block ids of the warp's 32 pages: lane l holds page jw + l (-1 past the full pages).
-  const int32_t blk_all = (jw + lane < n_full) ? bt[jw + lane] : -1;
-  const int n_stages = jw < n_full ? min(kStages, (n_full - jw + kSP - 1) / kSP) : 0;
+  // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
+  const int32_t blk_all = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
+  const int n_stages = jw < n_full ? min(n_st, (n_full - jw + kSP - 1) / kSP) : 0;
   StageLoader<D> ld;
   ld.init(S, my, lane);
   auto issue = [&](int s) {
@@ -437,10 +440,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
         }
   }
 
-  for (int s = 0; s < kStages; ++s) {
+  for (int s = 0; s < n_st; ++s) {
     const int j0 = jw + kSP * s;
-    float* scw = sc + warp * kPerWarp + kSP * s;  // sc[g * 128 + ...]
-    if (s >= n_stages) {                          // warp-uniform: nothing of the sequence here
+    float* scw = sc + warp * ppw + kSP * s;  // sc[g * 128 + ...]
+    if (s >= n_stages) {                     // warp-uniform: nothing of the sequence here
       for (int e = lane; e < GMAX * kSP; e += 32) scw[(e / kSP) * kScoreChunk + e % kSP] = kNegInf;
       continue;
     }
@@ -631,7 +634,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   }
   cp_async_wait<0>();
   __syncthreads();
-  write_chunk(sc, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, cp, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 template <int D>
@@ -641,27 +644,34 @@ constexpr int mma_smem() {
 
 template <int D, int NT1>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                float* hs, float* cl, int n_chunks, cudaStream_t st) {
+                float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
   // KV heads vary fastest across the grid, so the blocks in flight read the summaries of
   // all heads of the same pages (adjacent in memory) rather than one head across far pages.
-  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, kScoreChunk)),
+  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, cp)),
                   unsigned(batch.batch_size));
   score_mma<D, NT1><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
-      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks);
+      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, cp);
 }
 
 template <int D>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                  float* hs, float* cl, int n_chunks, cudaStream_t st) {
+                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
   const int G = Hq / s.layout.num_kv_heads;
   if (G <= 4)
-    launch_mma<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
   else if (G <= 8)
-    launch_mma<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
   else
-    launch_mma<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
+}
+
+template <int D>
+const void* mma_kernel(int group) {
+  return group <= 4   ? (const void*)score_mma<D, 1>
+         : group <= 8 ? (const void*)score_mma<D, 2>
+                      : (const void*)score_mma<D, 4>;
 }
 
 }  // namespace
@@ -686,17 +696,31 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
          (s.head_dim == 64 || s.head_dim == 128) && group >= 1 && group <= 16;
 }
 
+int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {
+  int per_sm = 0;
+  LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, head_dim == 128 ? mma_kernel<128>(group) : mma_kernel<64>(group), kMmaWarps * 32,
+      size_t(head_dim == 128 ? mma_smem<128>() : mma_smem<64>())));
+  const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
+  int cp = kScoreChunk;
+  while (cp > kScoreChunkMin && rows * ((max_pages + cp - 1) / cp) < slots) cp /= 2;
+  return cp;
+}
+
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                  float* head_scores, float* chunk_lse, int n_chunks, bool allow_tc,
-                  cudaStream_t st) {
+                  float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
+                  bool allow_tc, cudaStream_t st) {
   const SummaryLayout& L = s.layout;
   const int H = L.num_kv_heads, G = Hq / H;
+  LOCKS_REQUIRE(chunk_pages == 128 || chunk_pages == 64 || chunk_pages == 32, "score chunk of ",
+                chunk_pages, " pages");
   if (allow_tc && score_uses_tensor_cores(L, G)) {
     if (L.head_dim == 128)
-      launch_mma_g<128>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, st);
+      launch_mma_g<128>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
     else
-      launch_mma_g<64>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, st);
+      launch_mma_g<64>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
   } else {
+    LOCKS_REQUIRE(chunk_pages == kScoreChunk, "the CUDA-core scoring path uses 128-page chunks");
     const int d = L.head_dim, r = L.rank, P = L.page_size;
     const size_t smem =
         sizeof(float) * (size_t(G) * (d + 1) + size_t(G) * kScoreChunk +

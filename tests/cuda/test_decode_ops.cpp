@@ -100,6 +100,28 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
     }
   }
 
+  // 2b. every scoring chunk size (the plan picks 128, 64 or 32 pages a block from the grid
+  // size): the same page scores bit for bit, and the aggregation from its partials.
+  for (int cp : {32, 64, 128}) {
+    cuda::Plan forced = plan;
+    forced.score_chunk_pages = cp;
+    cuda::Decoder fd(forced);
+    fd.score(gs.view(), db, dqv, nullptr);
+    fd.aggregate(db, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> fhs(hs.size()), fga(ga.size());
+    CK(cudaMemcpy(fhs.data(), fd.head_scores(), fhs.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(fga.data(), fd.group_scores(), fga.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t row = 0; row < int64_t(B) * Hq; ++row)        // pages past a row's full pages
+      for (int64_t j = 0; j < hb.seq_lens[row / Hq] / P; ++j)  // are not written
+        ASSERT_EQ(fhs[size_t(row * M + j)], hs[size_t(row * M + j)]) << "chunk " << cp;
+    for (size_t i = 0; i < fga.size(); ++i) {
+      const int64_t b = int64_t(i) / (int64_t(c.Hkv) * M), j = int64_t(i) % M;
+      if (j >= hb.seq_lens[b] / P) continue;
+      ASSERT_NEAR(fga[i], ca[i], 2e-5 * std::max(1.0f, std::fabs(ca[i]))) << "chunk " << cp;
+    }
+  }
+
   // 3. selection vs cpu on the GPU's group scores: identical.
   dec.select(db, nullptr);
   CK(cudaDeviceSynchronize());

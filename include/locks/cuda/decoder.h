@@ -32,6 +32,9 @@ struct Plan {
   int max_batch = 1;
   int max_blocks_per_seq = 1;
   DecodeConfig cfg;
+  // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (128, halved
+  // down to 32 while the grid would not fill one wave); 32, 64 or 128 to force one.
+  int score_chunk_pages = 0;
 };
 
 class Decoder {
@@ -73,8 +76,11 @@ class Decoder {
   float scale_;
   int group_, capacity_, score_chunks_, select_chunks_, dense_pps_, dense_splits_, sparse_pps_,
       sparse_splits_;
+  // Pages per scoring block: planned for the tensor-core path (smaller when the grid would
+  // not fill the GPU) and the one the last score() used (aggregate() reads its partials).
+  int tc_chunk_pages_ = 128, score_chunk_pages_ = 128;
   float* head_scores_ = nullptr;
-  float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks, 2] (max, sum)
+  float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks_, 2] (max, sum)
   float* group_scores_ = nullptr;
   float* head_lse_ = nullptr;  // [max_batch, num_q_heads]
   int32_t* pages_ = nullptr;
