@@ -24,7 +24,7 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   bool allow_tensor_cores, cudaStream_t st);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
-// of (chunk, KV head, sequence) blocks would not fill one wave of the GPU.
+// of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU.
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);
 bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 // Raises the dynamic shared-memory limits once (outside any graph capture).

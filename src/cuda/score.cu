@@ -343,16 +343,18 @@ constexpr int score_min_blocks() {
   return NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
-template <int D, int NT1>
+// CP = pages per block (128, 64 or 32: see score_chunk_pages), a template parameter so
+// the stage loop keeps a compile-time trip count.
+template <int D, int NT1, int CP>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
-              float scale, float* head_scores, float* chunk_lse, int n_chunks, int cp) {
+              float scale, float* head_scores, float* chunk_lse, int n_chunks) {
   constexpr int KS = D / 16;  // k-steps over the head dim
   constexpr int R = 8;        // rank
   constexpr int GMAX = 4 * NT1;
-  const int ppw = cp / kMmaWarps;  // pages per warp: 32, 16 or 8 (cp = 128, 64 or 32)
-  const int n_st = ppw / kSP;      // stages of the warp
+  constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 16 or 8
+  constexpr int n_st = ppw / kSP;      // stages of the warp
   // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap.
   constexpr bool kMuT = NT1 == 1 || D == 64;
   __shared__ float qs[GMAX][D + 4];
@@ -369,7 +371,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int n_full = seq_lens[b] / 16;
-  const int jw = chunk * cp + warp * ppw;  // first page of the warp
+  const int jw = chunk * CP + warp * ppw;  // first page of the warp
   const int32_t* bt = block_table + int64_t(b) * bt_stride;
   Stage<D>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
@@ -634,7 +636,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   }
   cp_async_wait<0>();
   __syncthreads();
-  write_chunk(sc, cp, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, CP, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 template <int D>
@@ -642,17 +644,28 @@ constexpr int mma_smem() {
   return int(2 * kMmaWarps * sizeof(Stage<D>));
 }
 
-template <int D, int NT1>
+template <int D, int NT1, int CP>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
+                float* hs, float* cl, int n_chunks, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
   // KV heads vary fastest across the grid, so the blocks in flight read the summaries of
   // all heads of the same pages (adjacent in memory) rather than one head across far pages.
-  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, cp)),
+  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
-  score_mma<D, NT1><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
+  score_mma<D, NT1, CP><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
-      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, cp);
+      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks);
+}
+
+template <int D, int NT1>
+void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+                   float scale, float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
+  if (cp == 128)
+    launch_mma<D, NT1, 128>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+  else if (cp == 64)
+    launch_mma<D, NT1, 64>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+  else
+    launch_mma<D, NT1, 32>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
 }
 
 template <int D>
@@ -660,18 +673,18 @@ void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, 
                   float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
   const int G = Hq / s.layout.num_kv_heads;
   if (G <= 4)
-    launch_mma<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
+    launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
   else if (G <= 8)
-    launch_mma<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
+    launch_mma_cp<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
   else
-    launch_mma<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
+    launch_mma_cp<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
 }
 
-template <int D>
+template <int D, int CP = 128>
 const void* mma_kernel(int group) {
-  return group <= 4   ? (const void*)score_mma<D, 1>
-         : group <= 8 ? (const void*)score_mma<D, 2>
-                      : (const void*)score_mma<D, 4>;
+  return group <= 4   ? (const void*)score_mma<D, 1, CP>
+         : group <= 8 ? (const void*)score_mma<D, 2, CP>
+                      : (const void*)score_mma<D, 4, CP>;
 }
 
 }  // namespace
@@ -679,16 +692,14 @@ const void* mma_kernel(int group) {
 void prepare_score_kernels() {
   LOCKS_CUDA_CHECK(cudaFuncSetAttribute(score_generic, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kGenericSmemMax));
-  const void* k128[] = {(const void*)score_mma<128, 1>, (const void*)score_mma<128, 2>,
-                        (const void*)score_mma<128, 4>};
-  const void* k64[] = {(const void*)score_mma<64, 1>, (const void*)score_mma<64, 2>,
-                       (const void*)score_mma<64, 4>};
-  for (const void* f : k128)
-    LOCKS_CUDA_CHECK(
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<128>()));
-  for (const void* f : k64)
-    LOCKS_CUDA_CHECK(
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<64>()));
+  for (int g : {4, 8, 16}) {
+    for (const void* f : {mma_kernel<128, 128>(g), mma_kernel<128, 64>(g), mma_kernel<128, 32>(g)})
+      LOCKS_CUDA_CHECK(
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<128>()));
+    for (const void* f : {mma_kernel<64, 128>(g), mma_kernel<64, 64>(g), mma_kernel<64, 32>(g)})
+      LOCKS_CUDA_CHECK(
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<64>()));
+  }
 }
 
 bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
@@ -703,7 +714,9 @@ int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, 
       size_t(head_dim == 128 ? mma_smem<128>() : mma_smem<64>())));
   const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
   int cp = kScoreChunk;
-  while (cp > kScoreChunkMin && rows * ((max_pages + cp - 1) / cp) < slots) cp /= 2;
+  // Halve while the grid would fill less than half a wave (measured v13: at 128K batch 1,
+  // 512 blocks of 128 pages on 792 slots beat 1024 of 64).
+  while (cp > kScoreChunkMin && 2 * rows * ((max_pages + cp - 1) / cp) < slots) cp /= 2;
   return cp;
 }
 

@@ -33,7 +33,7 @@ struct Plan {
   int max_blocks_per_seq = 1;
   DecodeConfig cfg;
   // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (128, halved
-  // down to 32 while the grid would not fill one wave); 32, 64 or 128 to force one.
+  // down to 32 while the grid would fill less than half a wave); 32, 64 or 128 to force one.
   int score_chunk_pages = 0;
 };
 
