@@ -274,6 +274,22 @@ Out make_out(const SummaryView& v) {
       v.basis_q, v.basis_scale, v.coeff_q, v.coeff_scale, v.layout.precision == Precision::quant};
 }
 
+// Calls f with the cache's K pointer cast to its element type (float, __half, bf16).
+template <typename F>
+void with_typed_keys(const KvCacheView& cache, F&& f) {
+  switch (cache.layout.dtype) {
+    case DType::f32:
+      f(static_cast<const float*>(cache.k));
+      break;
+    case DType::f16:
+      f(static_cast<const __half*>(cache.k));
+      break;
+    default:
+      f(static_cast<const __nv_bfloat16*>(cache.k));
+      break;
+  }
+}
+
 template <Stage S>
 void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work, int64_t problems,
             const Out& out, float* gram, const float* evec, const float* eval, cudaStream_t st) {
@@ -288,17 +304,7 @@ void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work,
     summary_kernel<TT, S>
         <<<unsigned(blocks), kWarps * 32, sm, st>>>(k, H, d, r, work, out, gram, evec, eval);
   };
-  switch (cache.layout.dtype) {
-    case DType::f32:
-      go(static_cast<const float*>(cache.k));
-      break;
-    case DType::f16:
-      go(static_cast<const __half*>(cache.k));
-      break;
-    default:
-      go(static_cast<const __nv_bfloat16*>(cache.k));
-      break;
-  }
+  with_typed_keys(cache, go);
   LOCKS_CUDA_LAUNCHED();
 }
 
@@ -430,17 +436,7 @@ void SummaryBuilder::build_filled(const KvCacheView& cache, const BatchView& bat
     using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
     sb::filled_kernel<TT><<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o);
   };
-  switch (cache.layout.dtype) {
-    case DType::f32:
-      go(static_cast<const float*>(cache.k));
-      break;
-    case DType::f16:
-      go(static_cast<const __half*>(cache.k));
-      break;
-    default:
-      go(static_cast<const __nv_bfloat16*>(cache.k));
-      break;
-  }
+  with_typed_keys(cache, go);
   LOCKS_CUDA_LAUNCHED();
 }
 

@@ -116,6 +116,17 @@ struct GpuCache {
     block_table = DevBuf<int32_t>(batch.block_table);
     seq_lens = DevBuf<int32_t>(batch.seq_lens);
   }
+  // One sequence per length, keys from make_kv (local rank 6, seeds seed0, seed0 + 1, ...);
+  // then sync().
+  void add_structured(const std::vector<int64_t>& lens, uint64_t seed0) {
+    const CacheLayout& L = host.layout();
+    for (size_t s = 0; s < lens.size(); ++s) {
+      std::vector<float> kk, vv;
+      make_kv(lens[s], L.num_kv_heads, L.head_dim, L.page_size, 6, seed0 + s, kk, vv);
+      add(kk, vv, lens[s]);
+    }
+    sync();
+  }
   KvCacheView dview() const { return {k.p, v.p, host.layout()}; }
   BatchView dbatch() const {
     BatchView b = batch.view;

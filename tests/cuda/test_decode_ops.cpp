@@ -44,12 +44,7 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   for (int64_t l : c.lens) blocks += (l + P - 1) / P;
   CacheLayout L{blocks + 4, P, c.Hkv, d, c.dtype};
   GpuCache gc(L);
-  for (size_t s = 0; s < c.lens.size(); ++s) {
-    std::vector<float> k, v;
-    make_kv(c.lens[s], c.Hkv, d, P, 6, 1000 + s, k, v);
-    gc.add(k, v, c.lens[s]);
-  }
-  gc.sync();
+  gc.add_structured(c.lens, 1000);
   const int B = int(c.lens.size()), M = gc.batch.view.max_blocks_per_seq;
   const std::vector<int32_t> ids = gc.full_blocks();
   SummaryLayout sl = summary_layout_for(L, r, c.prec);
@@ -274,12 +269,7 @@ TEST(DecodeSelect, TiesAcrossChunks) {
   for (auto l : lens) blocks += (l + P - 1) / P;
   CacheLayout L{blocks, P, Hkv, d, DType::bf16};
   GpuCache gc(L);
-  for (size_t s = 0; s < lens.size(); ++s) {
-    std::vector<float> k, v;
-    make_kv(lens[s], Hkv, d, P, 6, 77 + s, k, v);
-    gc.add(k, v, lens[s]);
-  }
-  gc.sync();
+  gc.add_structured(lens, 77);
   const int B = int(lens.size()), M = gc.batch.view.max_blocks_per_seq;
   const std::vector<int32_t> ids = gc.full_blocks();
   SummaryLayout sl = summary_layout_for(L, r, Precision::quant);
@@ -332,12 +322,7 @@ TEST(DecodeDense, LongSplitsMatchTheReference) {
   const std::vector<int64_t> lens = {16 * 700 + 3, 16 * 130};
   CacheLayout L{701 + 130 + 2, P, Hkv, d, DType::bf16};
   GpuCache gc(L);
-  for (size_t s = 0; s < lens.size(); ++s) {
-    std::vector<float> k, v;
-    make_kv(lens[s], Hkv, d, P, 6, 77 + s, k, v);
-    gc.add(k, v, lens[s]);
-  }
-  gc.sync();
+  gc.add_structured(lens, 77);
   const int B = int(lens.size());
   const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 5);
   DevBuf<float> dq(q);

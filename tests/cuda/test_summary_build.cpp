@@ -205,6 +205,21 @@ void expect_untouched(const DevBuf<T>& buf, size_t per_block, const std::vector<
   }
 }
 
+// Quant summaries: poison every array; every array of the blocks not in `built` untouched.
+void poison_quant(GpuSummaries& g) {
+  g.mu_q.poison(), g.mu_scale.poison(), g.basis_q.poison();
+  g.basis_scale.poison(), g.coeff_q.poison(), g.coeff_scale.poison();
+}
+void expect_quant_untouched(GpuSummaries& g, int H, int r, int d, int P,
+                            const std::vector<char>& built) {
+  expect_untouched(g.mu_q, size_t(H) * d, built, "mu_q");
+  expect_untouched(g.mu_scale, size_t(H), built, "mu_scale");
+  expect_untouched(g.basis_q, size_t(H) * r * d / 2, built, "basis_q");
+  expect_untouched(g.basis_scale, size_t(H) * r, built, "basis_scale");
+  expect_untouched(g.coeff_q, size_t(H) * P * r, built, "coeff_q");
+  expect_untouched(g.coeff_scale, size_t(H) * r, built, "coeff_scale");
+}
+
 TEST_P(SummaryBuildFilledTest, MatchesCpuOnlyCompletedPages) {
   SKIP_WITHOUT_GPU();
   const FilledCase c = GetParam();
@@ -257,18 +272,12 @@ TEST_P(SummaryBuildFilledTest, MatchesCpuOnlyCompletedPages) {
 
   SummaryLayout ql = summary_layout_for(L, r, Precision::quant);
   GpuSummaries gq(ql);
-  gq.mu_q.poison(), gq.basis_q.poison(), gq.coeff_q.poison();
-  gq.mu_scale.poison(), gq.basis_scale.poison(), gq.coeff_scale.poison();
+  poison_quant(gq);
   cuda::SummaryBuilder qb(L, ql, cuda::Solver::warp_jacobi, 1);
   qb.build_filled(gc.dview(), gc.dbatch(), c.appended, gq.view(), nullptr);
   CK(cudaDeviceSynchronize());
   expect_quant_matches_host(gv, gq, ids);
-  expect_untouched(gq.mu_q, size_t(H) * d, built, "mu_q");
-  expect_untouched(gq.mu_scale, size_t(H), built, "mu_scale");
-  expect_untouched(gq.basis_q, size_t(H) * r * d / 2, built, "basis_q");
-  expect_untouched(gq.basis_scale, size_t(H) * r, built, "basis_scale");
-  expect_untouched(gq.coeff_q, size_t(H) * P * r, built, "coeff_q");
-  expect_untouched(gq.coeff_scale, size_t(H) * r, built, "coeff_scale");
+  expect_quant_untouched(gq, H, r, d, P, built);
 }
 
 // Prefix SummaryBuildFilled: the sanitizer runs filter on SummaryBuildFilled*.
@@ -297,17 +306,11 @@ TEST(SummaryBuildFilled, NoCompletedPageWritesNothing) {
   SummaryLayout sl = summary_layout_for(L, r, Precision::quant);
   cuda::SummaryBuilder b(L, sl, cuda::Solver::warp_jacobi, 1);
   GpuSummaries g(sl);
-  g.mu_q.poison(), g.mu_scale.poison(), g.basis_q.poison();
-  g.basis_scale.poison(), g.coeff_q.poison(), g.coeff_scale.poison();
+  poison_quant(g);
   b.build_filled(gc.dview(), gc.dbatch(), 1, g.view(), nullptr);
   CK(cudaDeviceSynchronize());
   const std::vector<char> none(size_t(L.num_blocks), 0);
-  expect_untouched(g.mu_q, size_t(H) * d, none, "mu_q");
-  expect_untouched(g.mu_scale, size_t(H), none, "mu_scale");
-  expect_untouched(g.basis_q, size_t(H) * r * d / 2, none, "basis_q");
-  expect_untouched(g.basis_scale, size_t(H) * r, none, "basis_scale");
-  expect_untouched(g.coeff_q, size_t(H) * P * r, none, "coeff_q");
-  expect_untouched(g.coeff_scale, size_t(H) * r, none, "coeff_scale");
+  expect_quant_untouched(g, H, r, d, P, none);
 }
 
 }  // namespace
