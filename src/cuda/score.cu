@@ -18,6 +18,7 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
+#include "mma.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -169,20 +170,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
 // ---------------------------------------------------------------- tensor cores (quant)
 constexpr int kMmaWarps = 4;  // 4 warps x 32 pages = one 128-page chunk
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ float hi_part(float x) { return __half2float(__float2half_rn(x)); }
+using MmaH = Mma<__half>;  // summaries' integer codes are exact in fp16
 
 // (a & b) | c and (a & b) ^ c in one LOP3 each (the compiler splits them in two when both
 // b and c are immediates).
@@ -414,8 +402,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
         const int ri = 2 * s + x;
         const int dim = (D / 4) * tig + 8 * (ri / 4) + (ri % 4);
         const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
-        const float e0 = lo ? v0 - hi_part(v0) : v0, e1 = lo ? v1 - hi_part(v1) : v1;
-        bq[nt][s][x] = pack_half2(e0, e1);
+        const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
+        bq[nt][s][x] = MmaH::pack(e0, e1);
       }
     }
   }
@@ -437,8 +425,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
           const int i = 2 * k + x;
           const int dim = r * (D / 2) + (D / 8) * tig + 8 * (i / 4) + (i % 4);
           const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
-          const float e0 = lo ? v0 - hi_part(v0) : v0, e1 = lo ? v1 - hi_part(v1) : v1;
-          aq[mt_][k][2 * x + r] = pack_half2(e0, e1);
+          const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
+          aq[mt_][k][2 * x + r] = MmaH::pack(e0, e1);
         }
   }
 
@@ -482,8 +470,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
           float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int k = 0; k < KS / 2; ++k)
-            mma16816(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
-                     rb[2 * k + 1]);
+            MmaH::run(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
+                      rb[2 * k + 1]);
           float v = acc[0] + acc[3];
           v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
           const int g = mt_ * 4 + (gid >> 1);
@@ -512,7 +500,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < KS; ++k)
-          mma16816(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
+          MmaH::run(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
         if (row_ok) mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
       }
@@ -549,8 +537,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < KS; ++k)
-          mma16816(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
-                   bq[nt][k][0], bq[nt][k][1]);
+          MmaH::run(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
+                    bq[nt][k][0], bq[nt][k][1]);
         const int g = nt * 4 + tig;
         wy[warp][(p * GMAX + g) * R + gid] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
         wy[warp][((p + 1) * GMAX + g) * R + gid] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
@@ -593,7 +581,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
           const uint32_t a1 = onB ? hiB : 0u, a3 = onB ? loB : 0u;
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
-            mma16816(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
+            MmaH::run(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
         }
         // log2-sum-exp over the 16 keys of each row (rows gid: acc[.][0..1], gid + 8:
         // acc[.][2..3]; the quad's lanes hold the other keys). The coefficients of a page sum
