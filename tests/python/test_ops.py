@@ -28,6 +28,16 @@ def batch(num_blocks, lens, max_blocks):
     return bt, torch.tensor(lens, dtype=torch.int32)
 
 
+def built(nb, lens, mb):
+    """Cache, batch, a random query and fp32 summaries of every block (the usual test setup)."""
+    k, v = make_cache(nb)
+    bt, sl = batch(nb, lens, mb)
+    q = torch.randn(len(lens), 3 * H, D)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    return k, v, bt, sl, q, s
+
+
 def ref_attention(q, k, v, bt, lens, pages=None, counts=None):
     """float64: softmax attention of q [B, Hq, d] over the sequence's tokens (or selected pages)."""
     B, Hq, d = q.shape
@@ -164,12 +174,7 @@ def test_selection_capacity_is_select_capacity(precision):
 
 
 def test_budget_covering_context_is_dense_bit_for_bit():
-    nb, mb = 24, 10
-    k, v = make_cache(nb)
-    bt, lens = batch(nb, [150, 37], mb)
-    q = torch.randn(2, 3 * H, D)
-    s = ops.new_summaries(nb, H, D, P, 8)
-    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    k, v, bt, lens, q, s = built(24, [150, 37], 10)
     pages, counts = ops.select_pages(q, s, bt, lens, 160)
     out, lse = ops.sparse_decode(q, k, v, bt, lens, pages, counts)
     dout, dlse = ops.dense_decode(q, k, v, bt, lens)
@@ -196,11 +201,7 @@ def test_bad_input_gets_clear_errors():
 
 def _opcheck_args():
     nb, mb = 12, 5
-    k, v = make_cache(nb)
-    bt, lens = batch(nb, [70, 33], mb)
-    q = torch.randn(2, 3 * H, D)
-    s = ops.new_summaries(nb, H, D, P, 8)
-    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    k, v, bt, lens, q, s = built(nb, [70, 33], mb)
     cap = ops.select_capacity(48, P, mb)
     pages = torch.empty(2, H, cap, dtype=torch.int32)
     counts = torch.empty(2, H, dtype=torch.int32)
@@ -225,11 +226,7 @@ def test_opcheck(i):
 
 def test_compile_traces_decode_step():
     nb, mb = 12, 5
-    k, v = make_cache(nb)
-    bt, lens = batch(nb, [70, 33], mb)
-    q = torch.randn(2, 3 * H, D)
-    s = ops.new_summaries(nb, H, D, P, 8)
-    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    k, v, bt, lens, q, s = built(nb, [70, 33], mb)
 
     def step(q):
         pages, counts = ops.select_pages(q, s, bt, lens, 48)
