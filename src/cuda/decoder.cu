@@ -50,7 +50,12 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   const int M = plan.max_blocks_per_seq, B = plan.max_batch, Hq = plan.num_q_heads,
             Hkv = L.num_kv_heads;
   score_chunks_ = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks
-  select_chunks_ = ceil_div(M, detail::kSelectChunk);
+  LOCKS_REQUIRE(plan.select_chunk_pages == 0 || plan.select_chunk_pages == 2048 ||
+                    plan.select_chunk_pages == 4096,
+                "select_chunk_pages must be 0 (auto), 2048 or 4096, got ", plan.select_chunk_pages);
+  select_chunk_pages_ =
+      plan.select_chunk_pages ? plan.select_chunk_pages : detail::select_chunk_pages(M);
+  select_chunks_ = ceil_div(M, select_chunk_pages_);
   int dev = 0, sms = 132;
   LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
   LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -151,7 +156,7 @@ void Decoder::select(const BatchView& batch, cudaStream_t st) {
   check_batch(batch);
   detail::launch_select(group_scores_, batch, plan_.cache.num_kv_heads, plan_.cfg.select,
                         plan_.cache.page_size, selection(), cand_key_, cand_idx_, cand_cnt_,
-                        select_chunks_, st);
+                        select_chunks_, select_chunk_pages_, st);
 }
 
 void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,

@@ -14,7 +14,10 @@ namespace locks::cuda::detail {
 
 constexpr int kScoreChunk = 128;    // most pages per scoring block (and per chunk LSE partial)
 constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
-constexpr int kSelectChunk = 4096;  // pages per first-stage selection block
+constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block
+// Pages per first-stage selection block: 2048 for up to 16K pages a sequence (more blocks
+// for the barrier-bound first stage at batch 1), 4096 above (fewer second-stage candidates).
+inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2048 : 4096; }
 
 // head_scores [B, Hq, M] (natural-log page scores, -inf off the full pages) and the
 // per-chunk log-sum-exp partials chunk_lse [B, Hq, n_chunks, 2] (max, sum of exp), one per
@@ -41,7 +44,8 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
 
 void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,
                    const SelectConfig& cfg, int page_size, const Selection& out, uint32_t* cand_key,
-                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st);
+                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, int chunk_pages,
+                   cudaStream_t st);
 
 // Split-K attention. sel == nullptr: dense over every page. Partials part_o
 // [B, Hq, n_splits, d], part_ml [B, Hq, n_splits, 2]; then the merge writes out / lse.

@@ -11,6 +11,7 @@
 
 #include "common.cuh"
 #include "kernels.cuh"
+#include "locks/error.h"
 #include "pdl.cuh"
 
 namespace locks::cuda::detail {
@@ -131,16 +132,16 @@ __device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_
 
 __global__ void __launch_bounds__(kThreads)
     select_stage1(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
-                  SelectConfig cfg, int cap, int n_chunks, uint32_t* cand_key, int32_t* cand_idx,
-                  int32_t* cand_cnt) {
+                  SelectConfig cfg, int cap, int n_chunks, int chunk_pages, uint32_t* cand_key,
+                  int32_t* cand_idx, int32_t* cand_cnt) {
   pdl_wait();
   pdl_trigger();
   __shared__ SelectSmem sm;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
   const int64_t row = (int64_t(b) * Hkv + h);
   const Rules r = rules_for(seq_lens[b], P, cfg);
-  const int lo = max(r.sink_end, c * kSelectChunk);
-  const int hi = min(r.recent_start, (c + 1) * kSelectChunk);
+  const int lo = max(r.sink_end, c * chunk_pages);
+  const int hi = min(r.recent_start, (c + 1) * chunk_pages);
   const int n = hi - lo;
   int32_t* cnt = cand_cnt + row * n_chunks + c;
   if (r.all || r.slots <= 0 || n <= 0) {
@@ -222,12 +223,15 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                    const SelectConfig& cfg, int P, const Selection& out, uint32_t* cand_key,
-                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, cudaStream_t st) {
+                   int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, int chunk_pages,
+                   cudaStream_t st) {
+  LOCKS_REQUIRE(chunk_pages >= 1 && chunk_pages <= kSelectChunk, "selection chunk of ", chunk_pages,
+                " pages");
   const int M = batch.max_blocks_per_seq;
-  const int used = ceil_div(M, kSelectChunk);
+  const int used = ceil_div(M, chunk_pages);
   launch_pdl(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
              dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks,
-             cand_key, cand_idx, cand_cnt);
+             chunk_pages, cand_key, cand_idx, cand_cnt);
   launch_pdl(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
              batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt,
              out.pages, out.counts);

@@ -258,9 +258,9 @@ TEST(DecodeSelect, TiesGoToTheLowerIndex) {
   EXPECT_EQ(gp, cp);
 }
 
-// Massive exact ties in the group scores over sequences longer than one 4096-page selection
-// chunk: ties go to the lower index across chunks, exactly like the CPU on the GPU's own
-// group scores.
+// Massive exact ties in the group scores over sequences longer than one selection chunk
+// (2048 and 4096 pages): ties go to the lower index across chunks, exactly like the CPU on
+// the GPU's own group scores.
 TEST(DecodeSelect, TiesAcrossChunks) {
   SKIP_WITHOUT_GPU();
   const int P = 16, r = 8, Hkv = 2, G = 4, Hq = Hkv * G, d = 64;
@@ -280,37 +280,42 @@ TEST(DecodeSelect, TiesAcrossChunks) {
   const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 9);
   DevBuf<float> dq(q);
   const SelectConfig sc{1024, 2, 3};
-  cuda::Decoder dec(cuda::Plan{L, Hq, B, M, DecodeConfig{sc, 0.0f}});
-  const BatchView db = gc.dbatch();
-  dec.score(gs.view(), db, QueryView{dq.p, Hq}, nullptr);  // chunk LSE partials
-  // Head scores on four levels, the same for every head of a group: group scores tie
-  // exactly (same inputs, same operations); -inf past the full pages, like scoring.
-  std::mt19937 rng(11);
-  std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < Hkv; ++h)
-      for (int64_t j = 0; j < lens[size_t(b)] / P; ++j) {
-        const float x = float(int(rng() % 4)) * 0.25f - 9.0f;
-        for (int g = 0; g < G; ++g) hs[(size_t(b) * Hq + h * G + g) * M + j] = x;
-      }
-  CK(cudaMemcpy(const_cast<float*>(dec.head_scores()), hs.data(), hs.size() * 4,
-                cudaMemcpyHostToDevice));
-  dec.aggregate(db, nullptr);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ga(size_t(B) * Hkv * M);
-  CK(cudaMemcpy(ga.data(), dec.group_scores(), ga.size() * 4, cudaMemcpyDeviceToHost));
-  const Selection s = dec.selection();
-  std::vector<int32_t> cp(size_t(B) * Hkv * s.capacity), cc(size_t(B) * Hkv);
-  cpu::select_pages(ga.data(), gc.batch.view, Hkv, P, sc,
-                    Selection{cp.data(), cc.data(), s.capacity});
-  CK(cudaMemset(s.pages, 0x7f, cp.size() * 4));
-  dec.select(db, nullptr);
-  CK(cudaDeviceSynchronize());
-  std::vector<int32_t> gp(cp.size()), gcnt(cc.size());
-  CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(gcnt, cc);
-  EXPECT_EQ(gp, cp);
+  for (int chunk : {2048, 4096}) {
+    SCOPED_TRACE(chunk);
+    cuda::Plan plan{L, Hq, B, M, DecodeConfig{sc, 0.0f}};
+    plan.select_chunk_pages = chunk;  // 9001 pages: 5 or 3 first-stage chunks
+    cuda::Decoder dec(plan);
+    const BatchView db = gc.dbatch();
+    dec.score(gs.view(), db, QueryView{dq.p, Hq}, nullptr);  // chunk LSE partials
+    // Head scores on four levels, the same for every head of a group: group scores tie
+    // exactly (same inputs, same operations); -inf past the full pages, like scoring.
+    std::mt19937 rng(11);
+    std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < Hkv; ++h)
+        for (int64_t j = 0; j < lens[size_t(b)] / P; ++j) {
+          const float x = float(int(rng() % 4)) * 0.25f - 9.0f;
+          for (int g = 0; g < G; ++g) hs[(size_t(b) * Hq + h * G + g) * M + j] = x;
+        }
+    CK(cudaMemcpy(const_cast<float*>(dec.head_scores()), hs.data(), hs.size() * 4,
+                  cudaMemcpyHostToDevice));
+    dec.aggregate(db, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ga(size_t(B) * Hkv * M);
+    CK(cudaMemcpy(ga.data(), dec.group_scores(), ga.size() * 4, cudaMemcpyDeviceToHost));
+    const Selection s = dec.selection();
+    std::vector<int32_t> cp(size_t(B) * Hkv * s.capacity), cc(size_t(B) * Hkv);
+    cpu::select_pages(ga.data(), gc.batch.view, Hkv, P, sc,
+                      Selection{cp.data(), cc.data(), s.capacity});
+    CK(cudaMemset(s.pages, 0x7f, cp.size() * 4));
+    dec.select(db, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<int32_t> gp(cp.size()), gcnt(cc.size());
+    CK(cudaMemcpy(gp.data(), s.pages, gp.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gcnt.data(), s.counts, gcnt.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(gcnt, cc);
+    EXPECT_EQ(gp, cp);
+  }
 }
 
 // Dense splits longer than 128 pages (planned contexts over 1M tokens: at most 512 splits

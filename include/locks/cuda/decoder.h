@@ -35,6 +35,9 @@ struct Plan {
   // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (128, halved
   // down to 32 while the grid would fill less than half a wave); 32, 64 or 128 to force one.
   int score_chunk_pages = 0;
+  // Pages per first-stage selection block: 0 = chosen from the plan (2048 up to 16K pages a
+  // sequence, 4096 above); 2048 or 4096 to force one.
+  int select_chunk_pages = 0;
 };
 
 class Decoder {
@@ -79,6 +82,7 @@ class Decoder {
   // Pages per scoring block: planned for the tensor-core path (smaller when the grid would
   // not fill the GPU) and the one the last score() used (aggregate() reads its partials).
   int tc_chunk_pages_ = 128, score_chunk_pages_ = 128;
+  int select_chunk_pages_ = 4096;
   float* head_scores_ = nullptr;
   float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks_, 2] (max, sum)
   float* group_scores_ = nullptr;
