@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every CPU test: once optimised (CUDA kernels compiled when nvcc is
 # present; GPU tests themselves run on a GPU machine via scripts/gpu_tests.sh), once
-# under AddressSanitizer + UBSan.
+# under AddressSanitizer + UBSan; then the libFuzzer harnesses (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -12,5 +12,11 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
+# libFuzzer harnesses (fuzz/, issue #12): the .npy reader, the capture reader and the CLI option
+# parser, built with clang (-fsanitize=fuzzer,address,undefined); every corpus file, then 45 s
+# of fuzzing each.
+cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_npy fuzz_capture fuzz_cli
+fuzz/run.sh build-fuzz 45
 # Python package (torch operators, transformers drop-in, SmolLM2 tests): pytest.
 scripts/python_tests.sh

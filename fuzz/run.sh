@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer harnesses built in BUILD (default build-fuzz, see fuzz/CMakeLists.txt):
+# each one first over every committed corpus file (fuzz/corpus/<name>/), then fuzzing for
+# SECONDS (default 45) from that corpus. New inputs go to a temporary folder, not the repo;
+# a crash, sanitizer report, leak, timeout (10 s an input) or out-of-memory (2 GB) fails the
+# script and leaves the input in BUILD/fuzz-artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build-fuzz}"
+secs="${2:-45}"
+mkdir -p "$build/fuzz-artifacts"
+for name in npy capture cli; do
+  bin="$build/fuzz/fuzz_$name"
+  corpus="fuzz/corpus/$name"
+  [[ -x "$bin" ]] || { echo "fuzz/run.sh: $bin not built" >&2; exit 1; }
+  files=("$corpus"/*)
+  echo "== fuzz_$name: ${#files[@]} corpus files"
+  "$bin" -artifact_prefix="$build/fuzz-artifacts/$name-" "${files[@]}" >"$build/fuzz-$name-corpus.log" 2>&1 ||
+    { tail -40 "$build/fuzz-$name-corpus.log" >&2; exit 1; }
+  echo "== fuzz_$name: fuzzing ${secs} s"
+  work="$(mktemp -d)"
+  status=0
+  "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    -artifact_prefix="$build/fuzz-artifacts/$name-" -print_final_stats=1 \
+    "$work" "$corpus" >"$build/fuzz-$name.log" 2>&1 || status=$?
+  rm -rf "$work"
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$build/fuzz-$name.log" || true
+  if [[ $status -ne 0 ]]; then
+    tail -60 "$build/fuzz-$name.log" >&2
+    echo "fuzz/run.sh: fuzz_$name failed (status $status)" >&2
+    exit 1
+  fi
+done
