@@ -232,9 +232,10 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
 void check_common(const KvCacheView& cache, const BatchView& batch, const QueryView& q, float scale,
                   const AttentionOutput& out, const char* where) {
   validate_layout(cache.layout);
+  // The batch first: an empty batch has empty (null) buffers, and "batch is empty" says why.
+  detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, where);
   if (cache.k == nullptr || cache.v == nullptr) detail::fail(where, "cache.k or cache.v is null");
   if (out.out == nullptr) detail::fail(where, "out.out is null");
-  detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, where);
   detail::check_query(q, batch.batch_size, cache.layout.num_kv_heads, cache.layout.head_dim, where);
   detail::check_scale(scale, where);
 }
