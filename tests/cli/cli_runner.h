@@ -35,6 +35,7 @@ struct RunOptions {
   std::filesystem::path cwd;     // the child's working folder (required)
   double timeout_s = 120;        // killed after this long
   long long max_file_bytes = 0;  // > 0: RLIMIT_FSIZE for the child (simulates a full disk)
+  std::string stdout_path;       // non-empty: the child's stdout goes there (e.g. /dev/full)
 };
 
 inline Proc run_locks(const std::vector<std::string>& args, const RunOptions& ro) {
@@ -45,7 +46,8 @@ inline Proc run_locks(const std::vector<std::string>& args, const RunOptions& ro
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fo = ::open(ro.stdout_path.empty() ? out.c_str() : ro.stdout_path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const pid_t pid = ::fork();
   if (pid == 0) {

@@ -159,4 +159,14 @@ TEST_F(FileSafety, EvalWriteFailureLeavesNothing) {
   EXPECT_TRUE(others({"cap"}).empty());
 }
 
+// stdout to a full disk: the results were lost and the exit status was 0.
+TEST_F(FileSafety, FailedStdoutIsAnError) {
+  locks::test::RunOptions ro;
+  ro.cwd = dir_;
+  ro.stdout_path = "/dev/full";
+  const auto r = locks::test::run_locks({"select", "--help"}, ro);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("cannot write the results to stdout"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -75,7 +75,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return cmd->run(std::vector<std::string>(args.begin() + 1, args.end()));
+    const int status = cmd->run(std::vector<std::string>(args.begin() + 1, args.end()));
+    // Results go to stdout: a failed write there (a full disk, a closed pipe) is an error,
+    // not a silent success.
+    std::cout.flush();
+    if (!std::cout) throw locks::Error("cannot write the results to stdout");
+    return status;
   } catch (const locks::cli::UsageError& e) {
     std::cerr << "locks " << name << ": usage error: " << e.what() << "\n"
               << "Run 'locks " << name << " --help' for usage.\n";
