@@ -163,7 +163,7 @@ std::string StagedDir::check_target(const std::string& target, bool force) {
   const fs::path p = normalized(target);
   if (p.empty()) return "the output folder name is empty";
   const std::string name = p.filename().string();
-  if (name == "." || name == "..")
+  if (name.empty() || name == "." || name == "..")
     return "the output folder must be named, not '" + target + "' (it cannot be replaced)";
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(p, ec);

@@ -152,6 +152,7 @@ TEST_F(Files, StagedDirRefusesWhatItCannotReplace) {
   EXPECT_NE(StagedDir::check_target(".", true).find("must be named"), std::string::npos);
   EXPECT_NE(StagedDir::check_target("..", true).find("must be named"), std::string::npos);
   EXPECT_NE(StagedDir::check_target("", true).find("empty"), std::string::npos);
+  EXPECT_NE(StagedDir::check_target("/", true).find("must be named"), std::string::npos);
   EXPECT_EQ(StagedDir::check_target(p("real/").string(), false), "");  // empty: usable
 }
 
