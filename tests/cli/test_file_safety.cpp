@@ -111,6 +111,7 @@ TEST_F(FileSafety, ExistingOutputNeedsForceAndIsReplacedWhole) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("layer0_v.npy"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("wrote"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing written (out left as it was)"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(dir_ / "out" / "stale.txt"));
   EXPECT_EQ(locks::test::slurp(dir_ / "out" / "results.json"), before);
   EXPECT_TRUE(others({"cap", "out", "v.npy"}).empty());

@@ -65,10 +65,15 @@ int run_synth_cmd(const std::vector<std::string>& args) {
   l.q.assign(s.queries.begin(), s.queries.begin() + qn);
   l.q_obs.assign(s.queries.begin() + qn, s.queries.end());
   l.obs_steps = obs;
-  locks::io::StagedDir staged(out, o.force);
-  write_capture_layer(staged.path(), m, l);
-  write_capture_meta(staged.path(), m);
-  staged.commit();
+  try {
+    locks::io::StagedDir staged(out, o.force);
+    write_capture_layer(staged.path(), m, l);
+    write_capture_meta(staged.path(), m);
+    staged.commit();
+  } catch (...) {
+    std::cerr << "[synth] failed: nothing written (" << out << " left as it was)" << std::endl;
+    throw;
+  }
   std::cerr << "[synth] wrote " << out << " (relevant pages: " << s.relevant_pages.size() << ")"
             << std::endl;
   return 0;

@@ -48,23 +48,30 @@ int run_eval_cmd(const std::vector<std::string>& args) {
   EvalConfig cfg = o.cfg;
   cfg.progress = [](const std::string& s) { std::cerr << "[eval] " << s << std::endl; };
 
-  EvalResult r = run_eval(o.capture, cfg);
-  const std::string md = markdown_table(r);
-  locks::io::StagedDir staged(o.out, o.force);
-  const fs::path dir = staged.path();
-  locks::io::write_text_file((dir / "table.md").string(), md, "locks eval");
-  write_csv((dir / "results.csv").string(), r);
-  write_json((dir / "results.json").string(), r);
-  if (o.per_query) write_per_query_csv((dir / "per_query.csv").string(), r);
-  std::string plots;
-  if (o.plots) {
-    std::string why_not;
-    if (write_plots(dir.string(), r, o.title.empty() ? r.meta.model : o.title, &why_not))
-      plots = "plots written";
-    else
-      plots = "plots skipped: " + why_not;
+  EvalResult r;
+  std::string md, plots;
+  try {
+    r = run_eval(o.capture, cfg);
+    md = markdown_table(r);
+    locks::io::StagedDir staged(o.out, o.force);
+    const fs::path dir = staged.path();
+    locks::io::write_text_file((dir / "table.md").string(), md, "locks eval");
+    write_csv((dir / "results.csv").string(), r);
+    write_json((dir / "results.json").string(), r);
+    if (o.per_query) write_per_query_csv((dir / "per_query.csv").string(), r);
+    if (o.plots) {
+      std::string why_not;
+      if (write_plots(dir.string(), r, o.title.empty() ? r.meta.model : o.title, &why_not))
+        plots = "plots written";
+      else
+        plots = "plots skipped: " + why_not;
+    }
+    staged.commit();
+  } catch (...) {
+    // Said explicitly, so that results left from an earlier run are not taken for this one's.
+    std::cerr << "[eval] failed: nothing written (" << o.out << " left as it was)" << std::endl;
+    throw;
   }
-  staged.commit();
   std::cout << md;
   if (!plots.empty()) std::cerr << "[eval] " << plots << std::endl;
   std::cerr << "[eval] wrote " << o.out << "/{table.md,results.csv,results.json"
