@@ -22,7 +22,8 @@
 // Workspace contents: run calls use their own regions only; score_pages leaves per-chunk
 // log-sum-exp partials (CUDA) that the following aggregate_gqa on the same workspace reads,
 // so call aggregate_gqa after score_pages with the same plan, workspace, batch and stream.
-// decode() is the whole step and needs nothing from earlier calls.
+// decode() is the whole step and needs nothing from earlier calls. One call at a time per
+// workspace (CPU: a call uses the workspace's per-thread slices; CUDA: calls on one stream).
 #pragma once
 
 #include <cstdint>
