@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
                      int Hkv, float* __restrict__ gs) {
   pdl_wait();
   pdl_trigger();
-  __shared__ float lse[16];
+  __shared__ float lse[kMaxGroup];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
   if constexpr (kFused) {

@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/cuda/decoder.h"
+#include "locks/cuda/limits.h"
 #include "locks/error.h"
 
 namespace locks::cuda {
@@ -29,13 +30,15 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 Decoder::Decoder(const Plan& plan) : plan_(plan) {
   const CacheLayout& L = plan.cache;
   validate_layout(L);
-  LOCKS_REQUIRE(L.page_size == 16, "the CUDA decoder needs page_size 16, got ", L.page_size);
-  LOCKS_REQUIRE(L.head_dim == 64 || L.head_dim == 128,
-                "the CUDA decoder needs head_dim 64 or 128, got ", L.head_dim);
+  LOCKS_REQUIRE(L.page_size == limits::kPageSize, "the CUDA decoder needs page_size 16, got ",
+                L.page_size);
+  LOCKS_REQUIRE(limits::head_dim_supported(L.head_dim),
+                "the CUDA decoder needs head_dim 64, 128 or 256, got ", L.head_dim);
   LOCKS_REQUIRE(plan.num_q_heads >= 1 && plan.num_q_heads % L.num_kv_heads == 0, "num_q_heads ",
                 plan.num_q_heads, " is not a multiple of num_kv_heads ", L.num_kv_heads);
   group_ = plan.num_q_heads / L.num_kv_heads;
-  LOCKS_REQUIRE(group_ <= 16, "GQA group ", group_, " > 16 is not supported by the CUDA decoder");
+  LOCKS_REQUIRE(limits::group_supported(group_), "GQA group ", group_, " > ", limits::kMaxGroup,
+                " is not supported by the CUDA decoder");
   LOCKS_REQUIRE(plan.max_batch >= 1 && plan.max_batch <= 65535,
                 "max_batch must be in [1, 65535], got ", plan.max_batch);
   // The kernels index (block, KV head) pairs in 32 bits.
@@ -73,7 +76,8 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   // A split is a few pages per warp, so a second, partial wave would cost a whole block
   // time (v11: "about 4 blocks per SM" made 512 blocks for 396 slots at 128K batch 8).
   const int64_t slots = int64_t(detail::attention_blocks_per_sm(L.dtype, L.head_dim, group_)) * sms;
-  const int64_t per_row = std::max<int64_t>(1, slots / (int64_t(B) * Hkv));
+  const int64_t per_row = std::max<int64_t>(
+      1, slots / (int64_t(B) * Hkv * detail::attention_head_slices(L.head_dim, group_)));
   sparse_pps_ =
       int(std::clamp<int64_t>((capacity_ + per_row - 1) / per_row, kSparsePagesPerSplit, 32));
   sparse_pps_ = (sparse_pps_ + 3) / 4 * 4;

@@ -6,12 +6,14 @@
 
 #include <cstdint>
 
+#include "locks/cuda/limits.h"
 #include "locks/kv_cache.h"
 #include "locks/select.h"
 #include "locks/summary.h"
 
 namespace locks::cuda::detail {
 
+constexpr int kMaxGroup = limits::kMaxGroup;  // GQA group (query heads per KV head)
 constexpr int kScoreChunk = 128;    // most pages per scoring block (and per chunk LSE partial)
 constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
 constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block
@@ -36,6 +38,9 @@ void prepare_attention_kernels();
 // Resident blocks per SM of the attention kernel for this cache dtype, head_dim and GQA
 // group (after prepare_attention_kernels); sizes the sparse splits to one wave.
 int attention_blocks_per_sm(DType dtype, int head_dim, int group);
+// Blocks per (split, KV head) of the attention kernel: GQA groups wider than one block's
+// query m-tiles (16 heads; 8 at d 256) are split into this many head slices.
+int attention_head_slices(int head_dim, int group);
 
 // head_lse: workspace [B, Hq] (each head's log-sum-exp over its pages).
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,

@@ -58,15 +58,16 @@ __device__ __forceinline__ float pow2_normaliser(float mx) {
   return __uint_as_float(uint32_t(127 - e) << 23);
 }
 
-// Writes the chunk's scores (smem sc[g][kScoreChunk], the first cp columns used) to
-// head_scores and the chunk LSE partials; cp = pages of the chunk.
-__device__ void write_chunk(const float* sc, int cp, int G, int b, int h, int Hq, int M, int chunk,
-                            int n_chunks, float* head_scores, float* chunk_lse) {
+// Writes the chunk's scores (smem sc[g][kScoreChunk], the first cp columns used) of the G
+// query heads hq0 .. hq0 + G - 1 to head_scores and the chunk LSE partials; cp = pages of
+// the chunk.
+__device__ void write_chunk(const float* sc, int cp, int G, int b, int hq0, int Hq, int M,
+                            int chunk, int n_chunks, float* head_scores, float* chunk_lse) {
   const int j0 = chunk * cp;
   for (int e = threadIdx.x; e < G * cp; e += blockDim.x) {
     const int g = e / cp, jj = e % cp;
     if (j0 + jj < M)
-      head_scores[(int64_t(b) * Hq + h * G + g) * M + j0 + jj] = sc[g * kScoreChunk + jj];
+      head_scores[(int64_t(b) * Hq + hq0 + g) * M + j0 + jj] = sc[g * kScoreChunk + jj];
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int g = warp; g < G; g += nw) {
@@ -78,7 +79,7 @@ __device__ void write_chunk(const float* sc, int cp, int G, int b, int h, int Hq
       for (int jj = lane; jj < cp; jj += 32) l += __expf(sc[g * kScoreChunk + jj] - m);
     l = warp_sum(l);
     if (lane == 0) {
-      float* o = chunk_lse + ((int64_t(b) * Hq + h * G + g) * n_chunks + chunk) * 2;
+      float* o = chunk_lse + ((int64_t(b) * Hq + hq0 + g) * n_chunks + chunk) * 2;
       o[0] = m;
       o[1] = l;
     }
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     __syncwarp();
   }
   __syncthreads();
-  write_chunk(sc, kScoreChunk, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, kScoreChunk, G, b, h * G, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 // ---------------------------------------------------------------- tensor cores (quant)
@@ -269,8 +270,8 @@ template <int D>
 struct StageLoader {
   static_assert(kSP * 8 == 32, "8 lanes per page of the stage");
   static constexpr int R = 8, P = 16;
-  static constexpr int NB = R * D / 2 / 16 / 8;  // basis chunks per lane (4 or 2)
-  static constexpr int MC = D / 16;              // centroid chunks per page (8 or 4)
+  static constexpr int NB = R * D / 2 / 16 / 8;  // basis chunks per lane (8, 4 or 2)
+  static constexpr int MC = D / 16;              // centroid chunks per page (16, 8 or 4)
   const uint8_t* basis;                          // basis_q + lane chunk offset, etc.
   const int8_t* mu;
   const int8_t* coeff;
@@ -309,8 +310,10 @@ struct StageLoader {
     const uint8_t* sb = basis + uint64_t(bh) * (R * D / 2);
 #pragma unroll
     for (int i = 0; i < NB; ++i) cp_async16_u32(d + 128 * i, sb + 128 * i, valid);
-    // (at d 64, lanes past the 4 centroid chunks copy none: not even a zero fill)
-    if (MC == 8 || role < MC) cp_async16_u32(d + mu_off, mu + uint64_t(bh) * D, valid);
+    // (at d 64, lanes past the 4 centroid chunks copy none: not even a zero fill; at d 256
+    // each lane copies chunks role and role + 8)
+    if (MC >= 8 || role < MC) cp_async16_u32(d + mu_off, mu + uint64_t(bh) * D, valid);
+    if constexpr (MC == 16) cp_async16_u32(d + mu_off + 128, mu + uint64_t(bh) * D + 128, valid);
     cp_async16_u32(d + coeff_off, coeff + uint64_t(bh) * (P * R), valid);
     const char* ss = scl + uint64_t(bh) * scl_stride;
     if (role < 4)
@@ -324,27 +327,33 @@ struct StageLoader {
 // Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
 // kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
 // tensor-core work on the current ones.
-// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16);
-// registers are capped to match, so they never lower the occupancy further.
-template <int NT1>
+// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16;
+// d 256, 4 heads: 4 blocks of 55 KB); registers are capped to match, so they never lower
+// the occupancy further.
+template <int D, int NT1>
 constexpr int score_min_blocks() {
-  return NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
+  return D == 256 ? 4 : NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
 // CP = pages per block (128, 64 or 32: see score_chunk_pages), a template parameter so
 // the stage loop keeps a compile-time trip count.
+// Head slices: a GQA group of G heads is scored by n_sl blocks per (chunk, KV head), slice
+// s taking heads [s gw, min(G, (s + 1) gw)) (gw <= GMAX), so groups wider than one
+// block's query fragments (G > 16; G > 4 at d 256) read each summary n_sl times, from L2
+// for all but the first: blockIdx.x = KV head * n_sl + slice keeps a page's slices adjacent.
 template <int D, int NT1, int CP>
-__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
+__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
-              float scale, float* head_scores, float* chunk_lse, int n_chunks) {
+              float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
   constexpr int KS = D / 16;  // k-steps over the head dim
   constexpr int R = 8;        // rank
   constexpr int GMAX = 4 * NT1;
   constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 16 or 8
   constexpr int n_st = ppw / kSP;      // stages of the warp
-  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap.
-  constexpr bool kMuT = NT1 == 1 || D == 64;
+  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap (not at
+  // d 256, whose V q operands alone take 96 registers).
+  constexpr bool kMuT = (NT1 == 1 && D <= 128) || D == 64;
   __shared__ float qs[GMAX][D + 4];
   __shared__ float unscale[GMAX];
   __shared__ float sc[GMAX * kScoreChunk];
@@ -354,8 +363,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   extern __shared__ float4 dyn[];
   Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
 
-  const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
-  const int G = Hq / H;
+  const int h = int(blockIdx.x) / n_sl, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest
+  const int sl = int(blockIdx.x) - h * n_sl;
+  const int G = Hq / H, g0 = sl * gw, gc = min(gw, G - g0);  // this slice's heads
+  const int hq0 = h * G + g0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int n_full = seq_lens[b] / 16;
@@ -379,7 +390,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   for (int g = warp; g < GMAX; g += kMmaWarps) {
     float mx = 0.0f;
     for (int c = lane; c < D; c += 32) {
-      const float x = g < G ? q[(int64_t(b) * Hq + h * G + g) * D + c] * (scale * kLog2e) : 0.0f;
+      const float x = g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + c] * (scale * kLog2e) : 0.0f;
       qs[g][c] = x;
       mx = fmaxf(mx, fabsf(x));
     }
@@ -516,7 +527,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
       for (int x = 0; x < 2; ++x) {
         const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
         uint32_t w[D / 32];
-        if constexpr (D == 128) {
+        if constexpr (D == 256) {
+          const uint4 u = reinterpret_cast<const uint4*>(src)[0];
+          const uint4 u2 = reinterpret_cast<const uint4*>(src)[1];
+          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+          w[4] = u2.x, w[5] = u2.y, w[6] = u2.z, w[7] = u2.w;
+        } else if constexpr (D == 128) {
           const uint4 u = *reinterpret_cast<const uint4*>(src);
           w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
         } else {
@@ -624,7 +640,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<NT1>())
   }
   cp_async_wait<0>();
   __syncthreads();
-  write_chunk(sc, CP, G, b, h, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 template <int D>
@@ -632,47 +648,87 @@ constexpr int mma_smem() {
   return int(2 * kMmaWarps * sizeof(Stage<D>));
 }
 
+// Head slices of a GQA group on the tensor-core path: the fewest slices of at most
+// mma_max_heads(d) heads, balanced (G 32 at d 128: 2 x 16; G 8 at d 256: 2 x 4).
+constexpr int mma_max_heads(int d) { return d == 256 ? 4 : 16; }
+struct HeadSlices {
+  int n, width;
+};
+HeadSlices mma_slices(int d, int group) {
+  const int n = ceil_div(group, mma_max_heads(d));
+  return {n, ceil_div(group, n)};
+}
+
 template <int D, int NT1, int CP>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                float* hs, float* cl, int n_chunks, cudaStream_t st) {
+                float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
-  // KV heads vary fastest across the grid, so the blocks in flight read the summaries of
-  // all heads of the same pages (adjacent in memory) rather than one head across far pages.
-  const dim3 grid(unsigned(H), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
+  // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
+  // read the summaries of all heads of the same pages (adjacent in memory) rather than one
+  // head across far pages.
+  const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
   score_mma<D, NT1, CP><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
-      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks);
+      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
 }
 
 template <int D, int NT1>
 void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
-                   float scale, float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
+                   float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
+                   cudaStream_t st) {
   if (cp == 128)
-    launch_mma<D, NT1, 128>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, NT1, 128>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else if (cp == 64)
-    launch_mma<D, NT1, 64>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, NT1, 64>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else
-    launch_mma<D, NT1, 32>(s, batch, q, Hq, scale, hs, cl, n_chunks, st);
+    launch_mma<D, NT1, 32>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
 }
 
+// NT1 (n-tiles of 4 heads) from the slice width: 1, 2 or 4 (d 256: 1).
 template <int D>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                   float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
-  const int G = Hq / s.layout.num_kv_heads;
-  if (G <= 4)
-    launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
-  else if (G <= 8)
-    launch_mma_cp<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
-  else
-    launch_mma_cp<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, st);
+  const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
+  if constexpr (D == 256) {
+    launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+  } else {
+    if (hsl.width <= 4)
+      launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    else if (hsl.width <= 8)
+      launch_mma_cp<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    else
+      launch_mma_cp<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+  }
 }
 
 template <int D, int CP = 128>
 const void* mma_kernel(int group) {
-  return group <= 4   ? (const void*)score_mma<D, 1, CP>
-         : group <= 8 ? (const void*)score_mma<D, 2, CP>
-                      : (const void*)score_mma<D, 4, CP>;
+  if constexpr (D == 256) {
+    return (const void*)score_mma<D, 1, CP>;
+  } else {
+    const int w = mma_slices(D, group).width;
+    return w <= 4   ? (const void*)score_mma<D, 1, CP>
+           : w <= 8 ? (const void*)score_mma<D, 2, CP>
+                    : (const void*)score_mma<D, 4, CP>;
+  }
+}
+
+template <int D>
+void prepare_d() {
+  for (int g : {4, 8, 16})
+    for (const void* f : {mma_kernel<D, 128>(g), mma_kernel<D, 64>(g), mma_kernel<D, 32>(g)})
+      LOCKS_CUDA_CHECK(
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D>()));
+}
+
+const void* mma_kernel_for(int head_dim, int group) {
+  return head_dim == 256   ? mma_kernel<256>(group)
+         : head_dim == 128 ? mma_kernel<128>(group)
+                           : mma_kernel<64>(group);
+}
+int mma_smem_for(int head_dim) {
+  return head_dim == 256 ? mma_smem<256>() : head_dim == 128 ? mma_smem<128>() : mma_smem<64>();
 }
 
 }  // namespace
@@ -680,27 +736,23 @@ const void* mma_kernel(int group) {
 void prepare_score_kernels() {
   LOCKS_CUDA_CHECK(cudaFuncSetAttribute(score_generic, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kGenericSmemMax));
-  for (int g : {4, 8, 16}) {
-    for (const void* f : {mma_kernel<128, 128>(g), mma_kernel<128, 64>(g), mma_kernel<128, 32>(g)})
-      LOCKS_CUDA_CHECK(
-          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<128>()));
-    for (const void* f : {mma_kernel<64, 128>(g), mma_kernel<64, 64>(g), mma_kernel<64, 32>(g)})
-      LOCKS_CUDA_CHECK(
-          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<64>()));
-  }
+  prepare_d<64>();
+  prepare_d<128>();
+  prepare_d<256>();
 }
 
 bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
   return s.precision == Precision::quant && s.rank == 8 && s.page_size == 16 &&
-         (s.head_dim == 64 || s.head_dim == 128) && group >= 1 && group <= 16;
+         (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && group >= 1 &&
+         group <= kMaxGroup;
 }
 
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {
   int per_sm = 0;
   LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, head_dim == 128 ? mma_kernel<128>(group) : mma_kernel<64>(group), kMmaWarps * 32,
-      size_t(head_dim == 128 ? mma_smem<128>() : mma_smem<64>())));
+      &per_sm, mma_kernel_for(head_dim, group), kMmaWarps * 32, size_t(mma_smem_for(head_dim))));
   const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
+  rows *= mma_slices(head_dim, group).n;  // blocks per (chunk, sequence, KV head)
   int cp = kScoreChunk;
   // Halve while the grid would fill less than half a wave (measured v13: at 128K batch 1,
   // 512 blocks of 128 pages on 792 slots beat 1024 of 64).
@@ -716,7 +768,9 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
   LOCKS_REQUIRE(chunk_pages == 128 || chunk_pages == 64 || chunk_pages == 32, "score chunk of ",
                 chunk_pages, " pages");
   if (allow_tc && score_uses_tensor_cores(L, G)) {
-    if (L.head_dim == 128)
+    if (L.head_dim == 256)
+      launch_mma_g<256>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    else if (L.head_dim == 128)
       launch_mma_g<128>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
     else
       launch_mma_g<64>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);

@@ -337,8 +337,8 @@ SummaryBuilder::SummaryBuilder(const CacheLayout& cache, const SummaryLayout& su
   validate_summary_layout(summary);
   LOCKS_REQUIRE(cache.page_size == kP, "the CUDA summary build needs page_size 16, got ",
                 cache.page_size);
-  LOCKS_REQUIRE(cache.head_dim % 8 == 0 && cache.head_dim <= 128,
-                "the CUDA summary build needs head_dim a multiple of 8 and <= 128, got ",
+  LOCKS_REQUIRE(cache.head_dim % 8 == 0 && cache.head_dim <= sb::kMaxD,
+                "the CUDA summary build needs head_dim a multiple of 8 and <= 256, got ",
                 cache.head_dim);
   LOCKS_REQUIRE(summary.num_blocks == cache.num_blocks && summary.page_size == cache.page_size &&
                     summary.num_kv_heads == cache.num_kv_heads &&

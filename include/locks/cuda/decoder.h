@@ -8,9 +8,9 @@
 // only on the plan and on batch.batch_size, so a whole step can be captured in one CUDA
 // graph and replayed while seq_lens, block tables, queries and the cache change in place.
 //
-// Supported (checked, locks::Error otherwise): page_size 16, head_dim 64 or 128, cache
-// dtype bf16 or f16 for attention (scoring and summaries also accept f32 caches), GQA group
-// num_q_heads / num_kv_heads in [1, 16].
+// Supported (checked, locks::Error otherwise; the table is locks/cuda/limits.h): page_size
+// 16, head_dim 64, 128 or 256, cache dtype bf16 or f16 for attention (scoring and summaries
+// also accept f32 caches), GQA group num_q_heads / num_kv_heads in [1, 32].
 #pragma once
 
 #include <cuda_runtime_api.h>
