@@ -1,13 +1,13 @@
 // GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
-// LSE_h comes from the scoring kernel's per-chunk partials, so each block reads only its
-// own tile of pages plus G x n_chunks partials. With at most 32 chunks (contexts up to
-// 4096 pages with 128-page score chunks) every aggregation block reduces its G heads' partials
-// itself (one lane per chunk, the same butterfly as lse_kernel, so the same bits) and the separate
-// LSE launch is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks
-// in every block cost more L2 traffic than the launch).
+// LSE_h comes from the scoring kernel's per-chunk partials (one per score chunk of 32-128
+// pages, chosen at plan time), so each block reads only its own tile of pages plus
+// G x n_chunks partials. With at most 32 chunks in use (e.g. up to 4096 pages with 128-page
+// score chunks) every aggregation block reduces its G heads' partials itself (one lane per
+// chunk, the same butterfly as lse_kernel, so the same bits) and the separate LSE launch is
+// skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks in
+// every block cost more L2 traffic than the launch).
 #include "common.cuh"
 #include "kernels.cuh"
-#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -19,8 +19,6 @@ constexpr int kThreads = 128;  // one thread per page of a 128-page tile
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
                float* __restrict__ head_lse) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ float sm[kThreads / 32], sl[kThreads / 32];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -49,8 +47,6 @@ __global__ void __launch_bounds__(kThreads)
     aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
                      const float* __restrict__ chunk_lse, int n_chunks, int n_used, int M, int Hq,
                      int Hkv, float* __restrict__ gs) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ float lse[kMaxGroup];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
@@ -108,14 +104,14 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
   const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
   const dim3 grid(unsigned(ceil_div(M, kThreads)), unsigned(Hkv), unsigned(batch.batch_size));
   if (used <= kFusedMaxChunks) {
-    launch_pdl(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-               chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+    launch_kernel(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                  chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
     return;
   }
-  launch_pdl(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
-             chunk_lse, n_chunks, used, head_lse);
-  launch_pdl(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse, chunk_lse,
-             n_chunks, used, M, Hq, Hkv, group_scores);
+  launch_kernel(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
+                chunk_lse, n_chunks, used, head_lse);
+  launch_kernel(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
 }
 
 }  // namespace locks::cuda::detail

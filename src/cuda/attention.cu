@@ -20,49 +20,12 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
-#include "mma.cuh"
-#include "pdl.cuh"
+#include "ptx.cuh"
 
 namespace locks::cuda::detail {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr unsigned kFull = 0xffffffffu;
-
-// Rows are 256-byte aligned at d 128 and every instruction reads whole rows: the L2 may then
-// fetch each row from DRAM as one 256-byte access (a hint; d 64 rows are 128 bytes).
-template <int RowBytes>
-__device__ __forceinline__ void cp_async16(unsigned d, const void* src) {
-  if constexpr (RowBytes >= 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
-                 : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-template <bool Trans>
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned a) {
-  if constexpr (Trans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
 
 // Per warp: two pipeline stages of one page each (K tile, then V tile: 16 rows x D), each
 // row's 16-byte chunks XOR-swizzled by (row & 7) so that the 8 row addresses of every
@@ -110,8 +73,6 @@ struct AttnArgs {
 template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     attn_kernel(AttnArgs a) {
-  pdl_wait();
-  pdl_trigger();
   using M = Mma<T>;
   constexpr int KS = D / 16;
   constexpr int NV = D / 8;     // n-tiles of the output
@@ -184,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     const T* src = base + ((blk * 16 + lr) * a.H + h) * D + lc * 8;
 #pragma unroll
     for (int q = 0; q < 16 / RPI; ++q)
-      cp_async16<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
+      cp_async16_row<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
   };
   // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
   auto blk_of = [&](int k, int& nv) {
@@ -381,8 +342,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
                  int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
                  const int32_t* __restrict__ sel_counts, float* __restrict__ out,
                  float* __restrict__ lse) {
-  pdl_wait();
-  pdl_trigger();
   constexpr int E = D / 32;  // dims per lane
   __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
@@ -443,9 +402,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
   if (D == 256 || a.gw <= 8)
-    launch_pdl(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+    launch_kernel(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
   else if constexpr (D != 256)
-    launch_pdl(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+    launch_kernel(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
 }
 
 template <typename T, int D>
@@ -533,8 +492,8 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
   const int32_t* counts = sel ? sel->counts : nullptr;
   auto merge = [&](auto kernel) {
-    launch_pdl(kernel, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits, pps,
-               L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    launch_kernel(kernel, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits, pps,
+                  L.num_kv_heads, batch.seq_lens, counts, out, lse);
   };
   if (L.head_dim == 256)
     merge(merge_kernel<256>);

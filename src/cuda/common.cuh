@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "locks/dtype.h"
 
@@ -56,3 +57,17 @@ __device__ __forceinline__ void lse_merge(float& m, float& l, float m2, float l2
 
 #define LOCKS_CUDA_CHECK(x) ::locks::cuda::detail::check((x), #x, __FILE__, __LINE__)
 #define LOCKS_CUDA_LAUNCHED() LOCKS_CUDA_CHECK(cudaGetLastError())
+
+namespace locks::cuda::detail {
+
+// kernel<<<grid, block, smem, st>>>(args...), then the launch error check. (Programmatic
+// dependent launch was tried here, v11 in docs/cuda_notes.md: no faster at 128K batch 8 and
+// 4 us slower at 1M batch 1 than plain launches, so the step uses plain stream order.)
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                   Args&&... args) {
+  kernel<<<grid, block, smem, st>>>(std::forward<Args>(args)...);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+}  // namespace locks::cuda::detail

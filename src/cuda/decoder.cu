@@ -146,7 +146,7 @@ void Decoder::score(const SummaryView& s, const BatchView& batch, const QueryVie
   }
   score_chunk_pages_ = tensor_core_scoring(L) ? tc_chunk_pages_ : detail::kScoreChunk;
   detail::launch_score(s, batch, q.q, plan_.num_q_heads, scale_, head_scores_, chunk_lse_,
-                       score_chunks_, score_chunk_pages_, true, st);
+                       score_chunks_, score_chunk_pages_, st);
 }
 
 void Decoder::aggregate(const BatchView& batch, cudaStream_t st) {

@@ -14,9 +14,9 @@
 namespace locks::cuda::detail {
 
 constexpr int kMaxGroup = limits::kMaxGroup;  // GQA group (query heads per KV head)
-constexpr int kScoreChunk = 128;    // most pages per scoring block (and per chunk LSE partial)
+constexpr int kScoreChunk = 128;    // most pages per scoring block (CUDA-core path: always)
 constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
-constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block
+constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block (smem keys)
 // Pages per first-stage selection block: 2048 for up to 16K pages a sequence (more blocks
 // for the barrier-bound first stage at batch 1), 4096 above (fewer second-stage candidates).
 inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2048 : 4096; }
@@ -27,7 +27,7 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // score_chunk_pages).
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  bool allow_tensor_cores, cudaStream_t st);
+                  cudaStream_t st);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU.
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);

@@ -3,8 +3,9 @@
 // 8-bit digit passes, histograms in shared memory) finds the m-th largest key T and how
 // many keys equal to T to take; a stable block scan then keeps every key > T and the
 // lowest-index keys == T (ties to the lower index), in ascending page order.
-//   stage 1: one block per (4096-page chunk, KV head, sequence): the chunk's top-m
-//            candidates among the pages that are neither sink, recent nor tail;
+//   stage 1: one block per (chunk, KV head, sequence), chunks of 2048 or 4096 pages chosen
+//            at plan time (select_chunk_pages): the chunk's top-m candidates among the
+//            pages that are neither sink, recent nor tail;
 //   stage 2: one block per (KV head, sequence): top-m of the candidates, then the final
 //            ascending list [sinks | selected | recent | tail], -1 padded.
 #include <cub/block/block_scan.cuh>
@@ -12,7 +13,6 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
-#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -134,8 +134,6 @@ __global__ void __launch_bounds__(kThreads)
     select_stage1(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
                   SelectConfig cfg, int cap, int n_chunks, int chunk_pages, uint32_t* cand_key,
                   int32_t* cand_idx, int32_t* cand_cnt) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ SelectSmem sm;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
   const int64_t row = (int64_t(b) * Hkv + h);
@@ -174,8 +172,6 @@ __global__ void __launch_bounds__(kThreads)
                   int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
                   const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
                   int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ SelectSmem sm;
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
@@ -229,12 +225,12 @@ void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                 " pages");
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);
-  launch_pdl(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
-             dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks,
-             chunk_pages, cand_key, cand_idx, cand_cnt);
-  launch_pdl(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
-             batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt,
-             out.pages, out.counts);
+  launch_kernel(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
+                dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity,
+                n_chunks, chunk_pages, cand_key, cand_idx, cand_cnt);
+  launch_kernel(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0,
+                st, batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx,
+                cand_cnt, out.pages, out.counts);
 }
 
 }  // namespace locks::cuda::detail
