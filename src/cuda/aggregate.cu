@@ -1,11 +1,13 @@
 // GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
 // LSE_h comes from the scoring kernel's per-chunk partials (one per score chunk of 32-128
 // pages, chosen at plan time), so each block reads only its own tile of pages plus
-// G x n_chunks partials. With at most 32 chunks in use (e.g. up to 4096 pages with 128-page
-// score chunks) every aggregation block reduces its G heads' partials itself (one lane per
-// chunk, the same butterfly as lse_kernel, so the same bits) and the separate LSE launch is
-// skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks in
-// every block cost more L2 traffic than the launch).
+// G x n_chunks partials. With few chunks in use every aggregation block reduces its G heads'
+// partials itself (in lse_kernel's order, so the same bits) and the separate LSE launch is
+// skipped: up to 32 chunks always (e.g. 4096 pages with 128-page score chunks), up to 64
+// when the aggregation grid is under one wave (batch 1 at 128K: the saved launch is on the
+// critical path, the extra partial reads are not); with more, lse_kernel runs once per head
+// first (v7: every block re-reducing all 512 chunks at 1M cost more L2 traffic than the
+// launch).
 #include "common.cuh"
 #include "kernels.cuh"
 
@@ -38,9 +40,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kFusedMaxChunks = 32;  // one lane per chunk partial
+constexpr int kFusedMaxChunks = 64;  // up to two chunk partials a lane (v15; was 32)
+constexpr int kFusedAlwaysChunks = 32;
+constexpr int64_t kFusedSmallGrid = 2048;  // blocks: about one wave of 128-thread blocks
 
-// fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 32]
+// Head LSE of chunk partials [0, n_used), n_used <= 64, by one warp: chunks lane and
+// lane + 32 each reduced by the butterfly, then the two halves merged, i.e. lse_kernel's
+// order (its warps 0 and 1, then thread 0 merging the warp results), so the same bits.
+__device__ __forceinline__ void warp_head_lse(const float* cl, int n_used, int lane, float& m,
+                                              float& l) {
+  m = kNegInf, l = 0.0f;
+  if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    lse_merge(m, l, m2, l2);
+  }
+  if (n_used > 32) {  // warp-uniform
+    float m1 = kNegInf, l1 = 0.0f;
+    if (lane + 32 < n_used) lse_merge(m1, l1, cl[2 * lane + 64], cl[2 * lane + 65]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m1, o),
+                  l2 = __shfl_xor_sync(0xffffffffu, l1, o);
+      lse_merge(m1, l1, m2, l2);
+    }
+    lse_merge(m, l, m1, l1);
+  }
+}
+
+// fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 64]
 // instead of being read.
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
@@ -54,15 +83,8 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < G; g += kThreads / 32) {
       const int64_t hrow = int64_t(b) * Hq + h * G + g;
-      const float* cl = chunk_lse + hrow * n_chunks * 2;
-      float m = kNegInf, l = 0.0f;
-      if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
-                    l2 = __shfl_xor_sync(0xffffffffu, l, o);
-        lse_merge(m, l, m2, l2);
-      }
+      float m, l;
+      warp_head_lse(chunk_lse + hrow * n_chunks * 2, n_used, lane, m, l);
       if (lane == 0) {
         const float v = (m == kNegInf) ? kNegInf : m + logf(l);
         lse[g] = v;
@@ -103,7 +125,8 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
   const dim3 grid(unsigned(ceil_div(M, kThreads)), unsigned(Hkv), unsigned(batch.batch_size));
-  if (used <= kFusedMaxChunks) {
+  const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
+  if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
     launch_kernel(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
                   chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
     return;
