@@ -371,9 +371,9 @@ int main(int argc, char** argv) {
       std::printf(")\n");
       return 2;
     }
-    if (only_ctx < kP || only_batch < 1) {
-      std::printf("--only %s %lld %d: context must be >= 16 tokens and batch >= 1\n", pick->name,
-                  (long long)only_ctx, only_batch);
+    if (only_ctx < kP || only_ctx % kP != 0 || only_batch < 1) {
+      std::printf("--only %s %lld %d: context must be a multiple of 16 tokens and batch >= 1\n",
+                  pick->name, (long long)only_ctx, only_batch);
       return 2;
     }
     run_row(*pick, only_ctx, only_batch, o);
