@@ -172,7 +172,7 @@ void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const Que
                     L.num_kv_heads == P.num_kv_heads && L.head_dim == P.head_dim &&
                     L.dtype == P.dtype,
                 "cache layout differs from the planned one");
-  LOCKS_REQUIRE(L.dtype == DType::bf16 || L.dtype == DType::f16,
+  LOCKS_REQUIRE(limits::attention_dtype_supported(L.dtype),
                 "CUDA attention needs a bf16 or f16 cache, got ", dtype_name(L.dtype));
   LOCKS_REQUIRE(cache.k && cache.v && aligned16(cache.k) && aligned16(cache.v),
                 "cache K/V are null or not 16-byte aligned");

@@ -16,9 +16,9 @@ void prepare_score_kernels() {
 }
 
 bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
-  return s.precision == Precision::quant && s.rank == 8 && s.page_size == 16 &&
-         (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) && group >= 1 &&
-         group <= kMaxGroup;
+  return s.precision == Precision::quant && s.rank == limits::kTensorCoreRank &&
+         s.page_size == limits::kPageSize && limits::head_dim_supported(s.head_dim) &&
+         limits::group_supported(group);
 }
 
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
