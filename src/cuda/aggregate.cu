@@ -14,7 +14,11 @@
 namespace locks::cuda::detail {
 namespace {
 
-constexpr int kThreads = 128;  // one thread per page of a 128-page tile
+constexpr int kThreads = 128;
+// Pages a thread (v15; was 1): at 128 pages a block the grid was tens of thousands of blocks
+// of 2 KB each (1M batch 8: 32768), bound by block turnover rather than bytes.
+constexpr int kPagesPerThread = 4;
+constexpr int kTile = kThreads * kPagesPerThread;  // pages a block
 
 // LSE_h of every (sequence, query head) from the scoring kernel's per-chunk partials: one
 // block per row, so the aggregation blocks read G values instead of G x n_chunks partials.
@@ -42,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kFusedMaxChunks = 64;  // up to two chunk partials a lane (v15; was 32)
 constexpr int kFusedAlwaysChunks = 32;
-constexpr int64_t kFusedSmallGrid = 2048;  // blocks: about one wave of 128-thread blocks
+constexpr int64_t kFusedSmallGrid = 2048;  // blocks (about one wave of 128-thread blocks)
 
 // Head LSE of chunk partials [0, n_used), n_used <= 64, by one warp: chunks lane and
 // lane + 32 each reduced by the butterfly, then the two halves merged, i.e. lse_kernel's
@@ -95,26 +99,41 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
   }
   __syncthreads();
-  const int j = tile * kThreads + threadIdx.x;
-  if (j >= M) return;
-  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
-  float m = kNegInf;
+  // kPagesPerThread pages a thread, kThreads apart (coalesced), their loads interleaved per
+  // head; each page's arithmetic is the one-page-a-thread version's, in the same order.
+  const int j0 = tile * kTile + threadIdx.x;
+  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j0;
+  float m[kPagesPerThread];
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p) m[p] = kNegInf;
   for (int g = 0; g < G; ++g) {
-    const float x = s[int64_t(g) * M];
-    if (lse[g] == kNegInf || x == kNegInf) continue;
-    m = fmaxf(m, x - lse[g]);
-  }
-  float out = kNegInf;
-  if (m != kNegInf) {
-    float sum = 0.0f;
-    for (int g = 0; g < G; ++g) {
-      const float x = s[int64_t(g) * M];
-      if (lse[g] == kNegInf || x == kNegInf) continue;
-      sum += expf(x - lse[g] - m);
+    const float lg = lse[g];
+#pragma unroll
+    for (int p = 0; p < kPagesPerThread; ++p) {
+      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      if (lg != kNegInf && x != kNegInf) m[p] = fmaxf(m[p], x - lg);
     }
-    out = m + logf(sum) - logf(float(G));
   }
-  gs[(int64_t(b) * Hkv + h) * M + j] = out;
+  float sum[kPagesPerThread];
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p) sum[p] = 0.0f;
+  for (int g = 0; g < G; ++g) {
+    const float lg = lse[g];
+#pragma unroll
+    for (int p = 0; p < kPagesPerThread; ++p) {
+      // Selects, not branches, so the loads issue together; adding the exact 0 of a skipped
+      // head leaves the sum's bits as they were. (m[p] = -inf: every head skipped.)
+      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      const bool take = m[p] != kNegInf && lg != kNegInf && x != kNegInf;
+      const float e = expf(x - lg - m[p]);
+      sum[p] += take ? e : 0.0f;
+    }
+  }
+  float* o = gs + (int64_t(b) * Hkv + h) * M + j0;
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p)
+    if (j0 + p * kThreads < M)
+      o[p * kThreads] = m[p] == kNegInf ? kNegInf : m[p] + logf(sum[p]) - logf(float(G));
 }
 
 }  // namespace
@@ -124,7 +143,7 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
                       float* group_scores, cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
-  const dim3 grid(unsigned(ceil_div(M, kThreads)), unsigned(Hkv), unsigned(batch.batch_size));
+  const dim3 grid(unsigned(ceil_div(M, kTile)), unsigned(Hkv), unsigned(batch.batch_size));
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
   if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
     launch_kernel(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
