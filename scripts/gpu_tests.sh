@@ -4,8 +4,11 @@
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
 #   scripts/gpu_tests.sh [tests] [ops] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
-#   (ops: only the cross-backend op suite and the memory test, also part of tests)
-#   (default: tests memcheck racecheck bench). ab: same-run A/B of the bench binary against
+#   (default: tests memcheck racecheck bench). ops: only the cross-backend op suite and the
+#   memory test (also part of tests). bench: the whole grid of #14 (7 model shapes x
+#   32K-1M x batch 1-32, ~2-4 min; rows that do not fit say why); bench-quick: 10 rows.
+#   memcheck runs every test (~5-9 min with the d 256 / G 32 cases): give it its own call.
+#   ab: same-run A/B of the bench binary against
 #   LOCKS_BENCH_BASE (another build's locks_bench_cuda) on the rows in LOCKS_AB_ROWS
 #   ("model context batch" separated by ';'), each row twice, alternating binaries.
 set -uo pipefail
@@ -44,13 +47,13 @@ for p in "${phases[@]}"; do
       timeout 300 "$TESTS" --gtest_filter='Cases/BackendOps.*:BackendMemory.*' 2>&1 | tee "$OUT/ops.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran|Failure" | head -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     memcheck)
-      timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
+      timeout 560 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
         >"$OUT/memcheck.log" 2>&1
       rc=$?; echo "memcheck rc=$rc"; grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED" "$OUT/memcheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;
     racecheck)
       timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
-        --gtest_filter='*SummaryBuildTest*/0:*SummaryBuildTest*/4:SummaryBuildFilled*:*DecodeOpsTest*_0:*DecodeOpsTest*_1:*DecodeOpsTest*_2:*DecodeOpsTest*_3:*DecodeOpsTest*_5:DecodeSelect*:DecodeGraph*' \
+        --gtest_filter='*SummaryBuildTest*/0:*SummaryBuildTest*/4:*SummaryBuildTest*/6:SummaryBuildFilled*:Shapes/DecodeOpsTest*_0:Shapes/DecodeOpsTest*_1:Shapes/DecodeOpsTest*_2:Shapes/DecodeOpsTest*_3:Shapes/DecodeOpsTest*_5:WideShapes/DecodeOpsTest*_0:WideShapes/DecodeOpsTest*_4:DecodeSelect*:DecodeGraph*' \
         >"$OUT/racecheck.log" 2>&1
       rc=$?; echo "racecheck rc=$rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/racecheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;
@@ -58,7 +61,7 @@ for p in "${phases[@]}"; do
       timeout 420 "$BENCH" "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" ;;
     ab)
       base=${LOCKS_BENCH_BASE:?set LOCKS_BENCH_BASE to the baseline locks_bench_cuda}
-      IFS=';' read -ra rows <<<"${LOCKS_AB_ROWS:-Llama 131072 8;Llama 1048576 1;Llama 131072 1;GLM 1048576 1}"
+      IFS=';' read -ra rows <<<"${LOCKS_AB_ROWS:-Llama 131072 8;Llama 1048576 1;Llama 131072 1;GLM 1048576 1;GLM 262144 1;Llama 32768 1}"
       for rep in 1 2; do
         for row in "${rows[@]}"; do
           for bin in "$base" "$BENCH"; do

@@ -1,8 +1,12 @@
 // locks_bench_cuda: the LOCKS decode step vs our dense (FullKV) kernel on one GPU.
 // For each model shape, context and batch: median time per step (CUDA-graph replays, L2
-// flushed before each), bytes read, the ratios, each kernel's achieved bandwidth against a
-// read ceiling measured here, and the summary build (incremental per step, bulk).
+// flushed before each), bytes read, the ratios, the step against its byte floor (summaries
+// + selected pages at the read ceiling measured here), each stage's time and bandwidth, and
+// the summary build (incremental per step, bulk). Rows that cannot run (device memory) print
+// why.
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
+//   --only runs one row, any context and batch (the first model whose name starts with
+//   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -140,16 +144,197 @@ struct Model {
   int hq, hkv, d;
 };
 
+// The shapes people serve (#14): one layer each; Gemma-3's global (full-attention) layers.
+const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 128},
+                         {"Qwen2.5-7B", 28, 4, 128},      {"Llama-3.1-70B-TP8", 8, 1, 128},
+                         {"SmolLM2-135M", 9, 3, 64},      {"Gemma-3-270M-global", 4, 1, 256},
+                         {"Gemma-3-4B-global", 8, 4, 256}};
+
+struct Opts {
+  bool quick = false;
+  double ceiling = 4.4;
+  FILE* csv = nullptr;
+};
+
+constexpr int kP = 16, kRank = 8, kBudget = 2048;
+
+// Repetitions by the size of the row (the whole grid runs in one device call).
+int reps_for(double dense_bytes, bool quick) {
+  if (dense_bytes > 16e9) return 3;
+  if (dense_bytes > 4e9) return 5;
+  return quick ? 7 : 11;
+}
+
+void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
+  const int64_t pages = ctx / kP;
+  const int64_t blocks = pages * B;
+  const double gib = double(1 << 30);
+  auto skip = [&](const std::string& why) {
+    std::printf("%-19s %8lld %5d | skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
+    if (o.csv)
+      std::fprintf(o.csv, "%s,%lld,%d,skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
+    std::fflush(stdout);
+  };
+  if (pages < 1) return skip("context below one page");
+  if (blocks * m.hkv >= (int64_t(1) << 31)) return skip("blocks x KV heads >= 2^31");
+  const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;  // one of K or V (bf16)
+  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
+  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
+  const size_t nb = size_t(blocks) * m.hkv;
+  const size_t summ = nb * summary_bytes_per_page(sl);
+  // Decoder workspace (scores, partials, candidates) and the index arrays, roughly.
+  const size_t ws = size_t(B) * pages * 4 * (2 * size_t(m.hq) + 2 * m.hkv) + size_t(blocks) * 12 +
+                    (size_t(64) << 20);
+  const size_t need = 2 * kv_bytes + summ + ws;
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  if (need + (size_t(1) << 30) > free_b) {
+    char why[256];
+    std::snprintf(why, sizeof why,
+                  "needs %.1f GiB (K+V %.1f, summaries %.1f, workspace %.1f) of %.1f GiB free "
+                  "(%.1f GiB device)",
+                  need / gib, 2 * kv_bytes / gib, summ / gib, ws / gib, free_b / gib,
+                  total_b / gib);
+    return skip(why);
+  }
+  const double dense_bytes = 2.0 * kv_bytes;
+  const int reps = reps_for(dense_bytes, o.quick);
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  void *k, *v;
+  CK(cudaMalloc(&k, kv_bytes));
+  CK(cudaMalloc(&v, kv_bytes));
+  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
+  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
+  // Block table: sequences interleaved over the pool (block j of sequence b is j*B+b).
+  std::vector<int32_t> bt(size_t(B) * pages);
+  std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(ctx));
+  std::vector<int32_t> ids(static_cast<size_t>(blocks));
+  for (int b = 0; b < B; ++b)
+    for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
+  for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
+  int32_t *dbt, *dlens, *dids;
+  CK(cudaMalloc(&dbt, bt.size() * 4));
+  CK(cudaMalloc(&dlens, lens.size() * 4));
+  CK(cudaMalloc(&dids, ids.size() * 4));
+  CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  const BatchView batch{dbt, pages, dlens, B, int(pages)};
+  const KvCacheView cache{k, v, L};
+
+  // Quant summaries of every page, built on the GPU (bulk).
+  SummaryView s;
+  s.layout = sl;
+  CK(cudaMalloc(&s.mu_q, nb * m.d));
+  CK(cudaMalloc(&s.mu_scale, nb * 4));
+  CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
+  CK(cudaMalloc(&s.basis_scale, nb * kRank * 4));
+  CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
+  CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
+  cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
+  builder.build(cache, dids, blocks, s, st);
+  CK(cudaStreamSynchronize(st));
+
+  float* q;
+  float* out;
+  CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
+  CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
+  fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
+  cuda::Plan plan{L, m.hq, B, int(pages), DecodeConfig{SelectConfig{kBudget, 1, 2}, 0.0f}};
+  {
+    cuda::Decoder dec(plan);
+    const QueryView qv{q, m.hq};
+    const AttentionOutput ao{out, nullptr};
+    Graph g_locks([&] { dec.run(cache, s, batch, qv, ao, st); }, st);
+    Graph g_dense([&] { dec.run_dense(cache, batch, qv, ao, st); }, st);
+    const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
+    const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
+    const double t_score = median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
+    const double t_agg = median_ms([&] { dec.aggregate(batch, st); }, st, reps);
+    const double t_sel = median_ms([&] { dec.select(batch, st); }, st, reps);
+    const Selection sel = dec.selection();
+    const double t_attn = median_ms([&] { dec.attend(cache, batch, qv, &sel, ao, st); }, st, reps);
+    // Incremental summary build in the step's graph: every sequence completes a page
+    // (lens are multiples of 16); amortised, a page completes once per 16 steps, and
+    // steps where none completes pay the early-exit launch only.
+    Graph g_build([&] { builder.build_filled(cache, batch, 1, s, st); }, st);
+    const double t_build_full = median_ms([&] { g_build.launch(st); }, st, reps);
+    std::vector<int32_t> lens_odd(size_t(B), int32_t(ctx - 1));
+    CK(cudaMemcpy(dlens, lens_odd.data(), lens_odd.size() * 4, cudaMemcpyHostToDevice));
+    const double t_build_none = median_ms([&] { g_build.launch(st); }, st, reps);
+    CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    const double t_build_step = t_build_full / 16 + t_build_none * 15 / 16;
+
+    // Bytes: dense reads all K+V; LOCKS must read the summaries, the selected pages
+    // (budget 2048 tokens = 128 pages incl. tail/sink/recent) and the query.
+    const double summ_bytes = double(summ);
+    std::vector<int32_t> counts(size_t(B) * m.hkv);
+    CK(cudaMemcpy(counts.data(), sel.counts, counts.size() * 4, cudaMemcpyDeviceToHost));
+    double sel_pages = 0;
+    for (int c : counts) sel_pages += c;
+    const double sel_bytes = sel_pages * kP * m.d * 2 * 2;
+    const double locks_bytes = summ_bytes + sel_bytes;
+    const double floor_ms = locks_bytes / (o.ceiling * 1e12) * 1e3;
+    const double dense_bw = dense_bytes / (t_dense * 1e-3) / 1e12;
+    const double score_bw = summ_bytes / (t_score * 1e-3) / 1e12;
+    const double attn_bw = sel_bytes / (t_attn * 1e-3) / 1e12;
+    const double launch_gap = t_locks - (t_score + t_agg + t_sel + t_attn);
+    std::printf(
+        "%-19s %8lld %5d | %9.4f %9.4f %6.2f %6.2f %6.1f | %8.4f %7.4f %7.4f %7.4f %7.4f %7.4f | "
+        "%6.1f %6.1f %6.1f\n",
+        m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes / locks_bytes,
+        100 * floor_ms / t_locks, t_score, t_agg, t_sel, t_attn, launch_gap, t_build_step,
+        100 * dense_bw / o.ceiling, 100 * score_bw / o.ceiling, 100 * attn_bw / o.ceiling);
+    // Latency of one build_filled launch (the step's graph pays it whenever a page fills).
+    // Amortised over 16 steps: sequences filling pages on the same step pay one full launch
+    // per 16 steps; staggered ones (ragged serving) pay min(B, 16) of them.
+    const double f = std::min(B, 16) / 16.0;
+    const double t_build_stag = f * t_build_full + (1 - f) * t_build_none;
+    std::printf(
+        "  build_filled launch (%d x %d KV heads): %.1f us with a page completing, %.1f us with "
+        "none; amortised %.2f%% of the step (aligned), %.2f%% (staggered); dense %.2f GB, LOCKS "
+        "%.1f MB, floor %.4f ms\n",
+        B, m.hkv, t_build_full * 1e3, t_build_none * 1e3, 100 * t_build_step / t_locks,
+        100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms);
+    std::fflush(stdout);
+    if (o.csv)
+      std::fprintf(o.csv,
+                   "%s,%lld,%d,%.5f,%.5f,%.3f,%.0f,%.0f,%.3f,%.5f,%.2f,%.3f,%.5f,%.3f,%.5f,%.5f,"
+                   "%.5f,%.3f,%.5f,%.5f,%.4f,%.4f\n",
+                   m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes,
+                   locks_bytes, dense_bytes / locks_bytes, floor_ms, 100 * floor_ms / t_locks,
+                   dense_bw, t_score, score_bw, t_agg, t_sel, t_attn, attn_bw, launch_gap,
+                   t_build_step, t_build_full, t_build_none);
+
+    // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
+    if (ctx == 131072 && B == 1) {
+      const double t_jac = median_ms([&] { builder.build(cache, dids, blocks, s, st); }, st, 3);
+      cuda::SummaryBuilder cus(L, sl, cuda::Solver::cusolver, blocks);
+      const double t_cus = median_ms([&] { cus.build(cache, dids, blocks, s, st); }, st, 3);
+      std::printf(
+          "  bulk summary build after a 128K prefill (%lld pages x %d KV heads): warp Jacobi "
+          "%.3f ms (%.1f ns per page-head), cuSOLVER syevjBatched %.3f ms\n",
+          (long long)blocks, m.hkv, t_jac, t_jac * 1e6 / double(nb), t_cus);
+    }
+  }
+  for (void* p : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
+                  (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q, (void*)s.coeff_scale,
+                  (void*)q, (void*)out})
+    CK(cudaFree(p));
+  CK(cudaStreamDestroy(st));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* csv_path = argc > 1 ? argv[1] : nullptr;
-  bool quick = false;
+  Opts o;
   std::string only_model;
   int64_t only_ctx = 0;
   int only_batch = 0;
   for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
       only_model = argv[i + 1];
       only_ctx = std::atoll(argv[i + 2]);
@@ -164,189 +349,68 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaMalloc(&g_flush, kFlushBytes));
-  const double ceiling = only_model.empty() ? measure_read_ceiling(st) : 4.4;
-  FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
-  if (csv)
-    std::fprintf(
-        csv,
-        "model,context,batch,dense_ms,locks_ms,time_ratio,dense_bytes,locks_bytes,bytes_ratio,"
-        "dense_TBps,score_ms,score_TBps,aggregate_ms,aggregate_TBps,select_ms,select_TBps,"
-        "sparse_attn_ms,sparse_attn_TBps,build_step_ms,build_share\n");
-
-  const Model models[] = {{"Llama-3.1-8B", 32, 8, 128}, {"GLM-4-9B", 32, 2, 128}};
-  const std::vector<int64_t> contexts =
-      quick ? std::vector<int64_t>{16384, 131072}
-            : std::vector<int64_t>{16384, 32768, 131072, 262144, 1048576};
-  const std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32};
-  const int P = 16, r = 8, budget = 2048;
-  const int reps = quick ? 5 : 15;
-  std::printf(
-      "\n%-13s %8s %5s | %9s %9s %6s | %9s %9s %6s | %6s %6s %6s %6s %6s | %8s %6s %8s %8s %8s | "
-      "%8s %6s\n",
-      "model", "context", "batch", "dense_ms", "locks_ms", "xtime", "dense_MB", "locks_MB",
-      "xbytes", "dense%", "score%", "agg%", "sel%", "attn%", "score_ms", "agg_ms", "sel_ms",
-      "attn_ms", "launch", "build_ms", "build%");
-  for (const Model& m : models)
-    for (int64_t ctx : contexts)
-      for (int B : batches) {
-        if (!only_model.empty() &&
-            (std::string(m.name).rfind(only_model, 0) != 0 || ctx != only_ctx || B != only_batch))
-          continue;
-        const int64_t pages = ctx / P;
-        const int64_t blocks = pages * B;
-        const size_t kv_bytes = size_t(blocks) * P * m.hkv * m.d * 2;  // one of K or V
-        if (2 * kv_bytes > (size_t(100) << 30)) {
-          std::printf("%-13s %8lld %5d | skipped: K+V %.0f GB\n", m.name, (long long)ctx, B,
-                      2 * kv_bytes / 1e9);
-          continue;
-        }
-        CacheLayout L{blocks, P, m.hkv, m.d, DType::bf16};
-        void *k, *v;
-        CK(cudaMalloc(&k, kv_bytes));
-        CK(cudaMalloc(&v, kv_bytes));
-        fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
-        fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
-        // Block table: sequences interleaved over the pool (block j of sequence b is j*B+b).
-        std::vector<int32_t> bt(size_t(B) * pages);
-        std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(ctx));
-        std::vector<int32_t> ids(static_cast<size_t>(blocks));
-        for (int b = 0; b < B; ++b)
-          for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
-        for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
-        int32_t *dbt, *dlens, *dids;
-        CK(cudaMalloc(&dbt, bt.size() * 4));
-        CK(cudaMalloc(&dlens, lens.size() * 4));
-        CK(cudaMalloc(&dids, ids.size() * 4));
-        CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        const BatchView batch{dbt, pages, dlens, B, int(pages)};
-        const KvCacheView cache{k, v, L};
-
-        // Quant summaries of every page, built on the GPU (bulk).
-        SummaryLayout sl = summary_layout_for(L, r, Precision::quant);
-        const size_t nb = size_t(blocks) * m.hkv;
-        SummaryView s;
-        s.layout = sl;
-        CK(cudaMalloc(&s.mu_q, nb * m.d));
-        CK(cudaMalloc(&s.mu_scale, nb * 4));
-        CK(cudaMalloc(&s.basis_q, nb * r * m.d / 2));
-        CK(cudaMalloc(&s.basis_scale, nb * r * 4));
-        CK(cudaMalloc(&s.coeff_q, nb * P * r));
-        CK(cudaMalloc(&s.coeff_scale, nb * r * 4));
-        cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
-        builder.build(cache, dids, blocks, s, st);
-        CK(cudaStreamSynchronize(st));
-
-        float* q;
-        float* out;
-        CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
-        CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
-        fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
-        cuda::Plan plan{L, m.hq, B, int(pages), DecodeConfig{SelectConfig{budget, 1, 2}, 0.0f}};
-        cuda::Decoder dec(plan);
-        const QueryView qv{q, m.hq};
-        const AttentionOutput ao{out, nullptr};
-        Graph g_locks([&] { dec.run(cache, s, batch, qv, ao, st); }, st);
-        Graph g_dense([&] { dec.run_dense(cache, batch, qv, ao, st); }, st);
-        const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
-        const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
-        const double t_score = median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
-        const double t_agg = median_ms([&] { dec.aggregate(batch, st); }, st, reps);
-        const double t_sel = median_ms([&] { dec.select(batch, st); }, st, reps);
-        const Selection sel = dec.selection();
-        const double t_attn =
-            median_ms([&] { dec.attend(cache, batch, qv, &sel, ao, st); }, st, reps);
-        // Incremental summary build in the step's graph: every sequence completes a page
-        // (lens are multiples of 16); amortised, a page completes once per 16 steps, and
-        // steps where none completes pay the early-exit launch only.
-        Graph g_build([&] { builder.build_filled(cache, batch, 1, s, st); }, st);
-        const double t_build_full = median_ms([&] { g_build.launch(st); }, st, reps);
-        std::vector<int32_t> lens_odd(size_t(B), int32_t(ctx - 1));
-        CK(cudaMemcpy(dlens, lens_odd.data(), lens_odd.size() * 4, cudaMemcpyHostToDevice));
-        const double t_build_none = median_ms([&] { g_build.launch(st); }, st, reps);
-        CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-        const double t_build_step = t_build_full / 16 + t_build_none * 15 / 16;
-
-        // Bytes: dense reads all K+V; LOCKS must read the summaries, the selected pages
-        // (budget 2048 tokens = 128 pages incl. tail/sink/recent) and the query.
-        const double dense_bytes = 2.0 * kv_bytes;
-        const double summ_bytes = double(nb) * summary_bytes_per_page(sl);
-        std::vector<int32_t> counts(size_t(B) * m.hkv);
-        CK(cudaMemcpy(counts.data(), sel.counts, counts.size() * 4, cudaMemcpyDeviceToHost));
-        double sel_pages = 0;
-        for (int c : counts) sel_pages += c;
-        const double sel_bytes = sel_pages * P * m.d * 2 * 2;
-        const double locks_bytes = summ_bytes + sel_bytes;
-        const double dense_bw = dense_bytes / (t_dense * 1e-3) / 1e12;
-        const double score_bw = summ_bytes / (t_score * 1e-3) / 1e12;
-        const double launch_gap = t_locks - (t_score + t_agg + t_sel + t_attn);
-        // Bytes of the small stages: aggregation reads the head scores and writes the group
-        // scores; selection reads the group scores (stage 1) and its candidates (stage 2).
-        const double M_ = double(pages);
-        const double agg_bytes = double(B) * M_ * 4.0 * (m.hq + m.hkv);
-        const double sel_bytes_rw = double(B) * m.hkv * M_ * 4.0;
-        const double agg_bw = agg_bytes / (t_agg * 1e-3) / 1e12;
-        const double sel_bw = sel_bytes_rw / (t_sel * 1e-3) / 1e12;
-        const double attn_bw = sel_bytes / (t_attn * 1e-3) / 1e12;
-        std::printf(
-            "%-13s %8lld %5d | %9.4f %9.4f %6.2f | %9.1f %9.1f %6.2f | %6.1f %6.1f %6.1f %6.1f "
-            "%6.1f | %8.4f %6.4f %8.4f %8.4f %8.4f | %8.4f %6.2f\n",
-            m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes / 1e6,
-            locks_bytes / 1e6, dense_bytes / locks_bytes, 100 * dense_bw / ceiling,
-            100 * score_bw / ceiling, 100 * agg_bw / ceiling, 100 * sel_bw / ceiling,
-            100 * attn_bw / ceiling, t_score, t_agg, t_sel, t_attn, launch_gap, t_build_step,
-            100 * t_build_step / t_locks);
-        // Latency of one build_filled launch (the step's graph pays it whenever a page fills).
-        // Amortised over 16 steps: sequences filling pages on the same step (build%) pay one
-        // full launch per 16 steps; staggered ones (ragged serving) pay min(B, 16) of them.
-        const double f = std::min(B, 16) / 16.0;
-        const double t_build_stag = f * t_build_full + (1 - f) * t_build_none;
-        std::printf(
-            "  build_filled launch (%d sequences x %d KV heads): %.1f us with every sequence "
-            "completing a page, %.1f us with none; amortised %.2f%% of the step (aligned), "
-            "%.2f%% (staggered)\n",
-            B, m.hkv, t_build_full * 1e3, t_build_none * 1e3, 100 * t_build_step / t_locks,
-            100 * t_build_stag / t_locks);
-        std::fflush(stdout);
-        if (csv)
-          std::fprintf(
-              csv,
-              "%s,%lld,%d,%.5f,%.5f,%.3f,%.0f,%.0f,%.3f,%.3f,%.5f,%.3f,%.5f,%.3f,%.5f,%.3f,"
-              "%.5f,%.3f,%.5f,%.4f\n",
-              m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes,
-              locks_bytes, dense_bytes / locks_bytes, dense_bw, t_score, score_bw, t_agg, agg_bw,
-              t_sel, sel_bw, t_attn, attn_bw, t_build_step, t_build_step / t_locks);
-
-        // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
-        if (ctx == 131072 && B == 1) {
-          const double t_jac = median_ms([&] { builder.build(cache, dids, blocks, s, st); }, st, 3);
-          cuda::SummaryBuilder cus(L, sl, cuda::Solver::cusolver, blocks);
-          const double t_cus = median_ms([&] { cus.build(cache, dids, blocks, s, st); }, st, 3);
-          std::printf(
-              "  bulk summary build after a 128K prefill (%lld pages x %d KV heads): warp Jacobi "
-              "%.3f ms "
-              "(%.1f ns per page-head), cuSOLVER syevjBatched %.3f ms; incremental launch %.4f ms "
-              "with "
-              "every sequence completing a page, %.4f ms with none\n",
-              (long long)blocks, m.hkv, t_jac, t_jac * 1e6 / double(nb), t_cus, t_build_full,
-              t_build_none);
-        }
-        for (void* p : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q,
-                        (void*)s.mu_scale, (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q,
-                        (void*)s.coeff_scale, (void*)q, (void*)out})
-          CK(cudaFree(p));
-      }
-  if (csv) std::fclose(csv);
+  o.ceiling = only_model.empty() ? measure_read_ceiling(st) : 4.4;
+  o.csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
+  if (o.csv)
+    std::fprintf(o.csv,
+                 "model,context,batch,dense_ms,locks_ms,time_ratio,dense_bytes,locks_bytes,"
+                 "bytes_ratio,floor_ms,floor_pct,dense_TBps,score_ms,score_TBps,aggregate_ms,"
+                 "select_ms,sparse_attn_ms,sparse_attn_TBps,launch_ms,build_step_ms,"
+                 "build_full_ms,build_none_ms\n");
+  std::printf("\n%-19s %8s %5s | %9s %9s %6s %6s %6s | %8s %7s %7s %7s %7s %7s | %6s %6s %6s\n",
+              "model", "context", "batch", "dense_ms", "locks_ms", "xtime", "xbytes", "floor%",
+              "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
+              "attn%");
+  if (!only_model.empty()) {
+    const Model* pick = nullptr;
+    for (const Model& m : kModels)
+      if (!pick && std::string(m.name).rfind(only_model, 0) == 0) pick = &m;
+    if (!pick) {
+      std::printf("--only %s: no model name starts with it (models:", only_model.c_str());
+      for (const Model& m : kModels) std::printf(" %s", m.name);
+      std::printf(")\n");
+      return 2;
+    }
+    if (only_ctx < kP || only_ctx % kP != 0 || only_batch < 1) {
+      std::printf("--only %s %lld %d: context must be a multiple of 16 tokens and batch >= 1\n",
+                  pick->name, (long long)only_ctx, only_batch);
+      return 2;
+    }
+    run_row(*pick, only_ctx, only_batch, o);
+  } else {
+    struct Row {
+      const char* model;
+      int64_t ctx;
+      int batch;
+    };
+    // --quick: one row per model plus the issue's headline rows.
+    const Row quick_rows[] = {{"Llama-3.1-8B", 131072, 1},
+                              {"Llama-3.1-8B", 131072, 8},
+                              {"Llama-3.1-8B", 1048576, 1},
+                              {"GLM-4-9B", 1048576, 1},
+                              {"GLM-4-9B", 262144, 1},
+                              {"Qwen2.5-7B", 131072, 8},
+                              {"Llama-3.1-70B-TP8", 131072, 4},
+                              {"SmolLM2-135M", 32768, 8},
+                              {"Gemma-3-270M-global", 131072, 1},
+                              {"Gemma-3-4B-global", 131072, 4}};
+    if (o.quick) {
+      for (const Row& r : quick_rows)
+        for (const Model& m : kModels)
+          if (std::strcmp(m.name, r.model) == 0) run_row(m, r.ctx, r.batch, o);
+    } else {
+      for (const Model& m : kModels)
+        for (int64_t ctx : {32768, 131072, 262144, 1048576})
+          for (int B : {1, 4, 8, 32}) run_row(m, ctx, B, o);
+    }
+  }
+  if (o.csv) std::fclose(o.csv);
   std::printf(
       "\nxtime = dense_ms / locks_ms; xbytes = dense bytes / LOCKS minimum bytes (summaries + "
-      "selected pages); dense%%, score%%, agg%%, sel%%, attn%% = each kernel's achieved bandwidth "
-      "/ "
-      "read ceiling (%.2f TB/s; agg counts head scores read + group scores written, sel the group "
-      "scores, attn the selected K+V); launch = "
-      "LOCKS graph time minus the four stages timed alone; build%% = amortised incremental "
-      "build / "
-      "LOCKS step\n",
-      ceiling);
+      "selected pages); floor%% = LOCKS minimum bytes at the read ceiling / locks_ms; dense%%, "
+      "score%%, attn%% = achieved bandwidth / read ceiling (%.2f TB/s; attn counts the selected "
+      "K+V); launch = LOCKS graph time minus the four stages timed alone; build = amortised "
+      "incremental summary build per step (ms, not in locks_ms)\n",
+      o.ceiling);
   return 0;
 }

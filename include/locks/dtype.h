@@ -95,18 +95,4 @@ inline float load_as_float(const void* p, DType t, int64_t i) {
   }
 }
 
-inline void store_from_float(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::f32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case DType::f16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(v);
-      break;
-    default:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
-      break;
-  }
-}
-
 }  // namespace locks

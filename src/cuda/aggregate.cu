@@ -1,26 +1,30 @@
 // GQA share-averaging on the GPU (score.h): a_j = log((1/G) sum_h exp(s_hj - LSE_h)).
-// LSE_h comes from the scoring kernel's per-chunk partials, so each block reads only its
-// own tile of pages plus G x n_chunks partials. With at most 32 chunks (contexts up to
-// 4096 pages with 128-page score chunks) every aggregation block reduces its G heads' partials
-// itself (one lane per chunk, the same butterfly as lse_kernel, so the same bits) and the separate
-// LSE launch is skipped; with more, lse_kernel runs once per head first (v7: re-reducing 64 chunks
-// in every block cost more L2 traffic than the launch).
+// LSE_h comes from the scoring kernel's per-chunk partials (one per score chunk of 32-128
+// pages, chosen at plan time), so each block reads only its own tile of pages plus
+// G x n_chunks partials. With few chunks in use every aggregation block reduces its G heads'
+// partials itself (in lse_kernel's order, so the same bits) and the separate LSE launch is
+// skipped: up to 32 chunks always (e.g. 4096 pages with 128-page score chunks), up to 64
+// when the aggregation grid is under one wave (batch 1 at 128K: the saved launch is on the
+// critical path, the extra partial reads are not); with more, lse_kernel runs once per head
+// first (v7: every block re-reducing all 512 chunks at 1M cost more L2 traffic than the
+// launch).
 #include "common.cuh"
 #include "kernels.cuh"
-#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
 
-constexpr int kThreads = 128;  // one thread per page of a 128-page tile
+constexpr int kThreads = 128;
+// Pages a thread (v15; was 1): at 128 pages a block the grid was tens of thousands of blocks
+// of 2 KB each (1M batch 8: 32768), bound by block turnover rather than bytes.
+constexpr int kPagesPerThread = 4;
+constexpr int kTile = kThreads * kPagesPerThread;  // pages a block
 
 // LSE_h of every (sequence, query head) from the scoring kernel's per-chunk partials: one
 // block per row, so the aggregation blocks read G values instead of G x n_chunks partials.
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
                float* __restrict__ head_lse) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ float sm[kThreads / 32], sl[kThreads / 32];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -40,33 +44,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kFusedMaxChunks = 32;  // one lane per chunk partial
+constexpr int kFusedMaxChunks = 64;  // up to two chunk partials a lane (v15; was 32)
+constexpr int kFusedAlwaysChunks = 32;
+constexpr int64_t kFusedSmallGrid = 2048;  // blocks (about one wave of 128-thread blocks)
 
-// fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 32]
+// Head LSE of chunk partials [0, n_used), n_used <= 64, by one warp: chunks lane and
+// lane + 32 each reduced by the butterfly, then the two halves merged, i.e. lse_kernel's
+// order (its warps 0 and 1, then thread 0 merging the warp results), so the same bits.
+__device__ __forceinline__ void warp_head_lse(const float* cl, int n_used, int lane, float& m,
+                                              float& l) {
+  m = kNegInf, l = 0.0f;
+  if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+    lse_merge(m, l, m2, l2);
+  }
+  if (n_used > 32) {  // warp-uniform
+    float m1 = kNegInf, l1 = 0.0f;
+    if (lane + 32 < n_used) lse_merge(m1, l1, cl[2 * lane + 64], cl[2 * lane + 65]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m1, o),
+                  l2 = __shfl_xor_sync(0xffffffffu, l1, o);
+      lse_merge(m1, l1, m2, l2);
+    }
+    lse_merge(m, l, m1, l1);
+  }
+}
+
+// fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 64]
 // instead of being read.
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
     aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
                      const float* __restrict__ chunk_lse, int n_chunks, int n_used, int M, int Hq,
                      int Hkv, float* __restrict__ gs) {
-  pdl_wait();
-  pdl_trigger();
-  __shared__ float lse[16];
+  __shared__ float lse[kMaxGroup];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
   if constexpr (kFused) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < G; g += kThreads / 32) {
       const int64_t hrow = int64_t(b) * Hq + h * G + g;
-      const float* cl = chunk_lse + hrow * n_chunks * 2;
-      float m = kNegInf, l = 0.0f;
-      if (lane < n_used) lse_merge(m, l, cl[2 * lane], cl[2 * lane + 1]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
-                    l2 = __shfl_xor_sync(0xffffffffu, l, o);
-        lse_merge(m, l, m2, l2);
-      }
+      float m, l;
+      warp_head_lse(chunk_lse + hrow * n_chunks * 2, n_used, lane, m, l);
       if (lane == 0) {
         const float v = (m == kNegInf) ? kNegInf : m + logf(l);
         lse[g] = v;
@@ -77,26 +99,41 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x < G) lse[threadIdx.x] = head_lse[int64_t(b) * Hq + h * G + threadIdx.x];
   }
   __syncthreads();
-  const int j = tile * kThreads + threadIdx.x;
-  if (j >= M) return;
-  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
-  float m = kNegInf;
+  // kPagesPerThread pages a thread, kThreads apart (coalesced), their loads interleaved per
+  // head; each page's arithmetic is the one-page-a-thread version's, in the same order.
+  const int j0 = tile * kTile + threadIdx.x;
+  const float* s = hs + (int64_t(b) * Hq + h * G) * M + j0;
+  float m[kPagesPerThread];
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p) m[p] = kNegInf;
   for (int g = 0; g < G; ++g) {
-    const float x = s[int64_t(g) * M];
-    if (lse[g] == kNegInf || x == kNegInf) continue;
-    m = fmaxf(m, x - lse[g]);
-  }
-  float out = kNegInf;
-  if (m != kNegInf) {
-    float sum = 0.0f;
-    for (int g = 0; g < G; ++g) {
-      const float x = s[int64_t(g) * M];
-      if (lse[g] == kNegInf || x == kNegInf) continue;
-      sum += expf(x - lse[g] - m);
+    const float lg = lse[g];
+#pragma unroll
+    for (int p = 0; p < kPagesPerThread; ++p) {
+      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      if (lg != kNegInf && x != kNegInf) m[p] = fmaxf(m[p], x - lg);
     }
-    out = m + logf(sum) - logf(float(G));
   }
-  gs[(int64_t(b) * Hkv + h) * M + j] = out;
+  float sum[kPagesPerThread];
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p) sum[p] = 0.0f;
+  for (int g = 0; g < G; ++g) {
+    const float lg = lse[g];
+#pragma unroll
+    for (int p = 0; p < kPagesPerThread; ++p) {
+      // Selects, not branches, so the loads issue together; adding the exact 0 of a skipped
+      // head leaves the sum's bits as they were. (m[p] = -inf: every head skipped.)
+      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      const bool take = m[p] != kNegInf && lg != kNegInf && x != kNegInf;
+      const float e = expf(x - lg - m[p]);
+      sum[p] += take ? e : 0.0f;
+    }
+  }
+  float* o = gs + (int64_t(b) * Hkv + h) * M + j0;
+#pragma unroll
+  for (int p = 0; p < kPagesPerThread; ++p)
+    if (j0 + p * kThreads < M)
+      o[p * kThreads] = m[p] == kNegInf ? kNegInf : m[p] + logf(sum[p]) - logf(float(G));
 }
 
 }  // namespace
@@ -106,16 +143,17 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
                       float* group_scores, cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
-  const dim3 grid(unsigned(ceil_div(M, kThreads)), unsigned(Hkv), unsigned(batch.batch_size));
-  if (used <= kFusedMaxChunks) {
-    launch_pdl(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-               chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+  const dim3 grid(unsigned(ceil_div(M, kTile)), unsigned(Hkv), unsigned(batch.batch_size));
+  const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
+  if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
+    launch_kernel(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                  chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
     return;
   }
-  launch_pdl(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
-             chunk_lse, n_chunks, used, head_lse);
-  launch_pdl(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse, chunk_lse,
-             n_chunks, used, M, Hq, Hkv, group_scores);
+  launch_kernel(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
+                chunk_lse, n_chunks, used, head_lse);
+  launch_kernel(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
 }
 
 }  // namespace locks::cuda::detail

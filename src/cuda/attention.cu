@@ -20,55 +20,31 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
-#include "mma.cuh"
-#include "pdl.cuh"
+#include "ptx.cuh"
 
 namespace locks::cuda::detail {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr unsigned kFull = 0xffffffffu;
-
-// Rows are 256-byte aligned at d 128 and every instruction reads whole rows: the L2 may then
-// fetch each row from DRAM as one 256-byte access (a hint; d 64 rows are 128 bytes).
-template <int RowBytes>
-__device__ __forceinline__ void cp_async16(unsigned d, const void* src) {
-  if constexpr (RowBytes >= 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
-                 : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-template <bool Trans>
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned a) {
-  if constexpr (Trans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
 
 // Per warp: two pipeline stages of one page each (K tile, then V tile: 16 rows x D), each
 // row's 16-byte chunks XOR-swizzled by (row & 7) so that the 8 row addresses of every
-// ldmatrix phase hit distinct banks. Bytes per block: 4 warps x 2 stages x 64 D.
+// ldmatrix phase hit distinct banks. Bytes per block: 4 warps x 2 stages x 64 D (d 256:
+// 128 KB, one block per SM; its 2 x 64 KB in flight per SM are still ~4x what Little's law
+// asks of the read ceiling).
 constexpr int attn_smem(int D) { return kWarps * 2 * 2 * 16 * D * 2; }
-constexpr int kAttnSmemMax = attn_smem(128);
+
+// Head slices of a GQA group: groups wider than one block's m-tiles (16 heads; 8 at d 256,
+// where the output accumulators alone take 128 registers) are split over n blocks per
+// (split, KV head), each streaming the same pages (from L2 for all but the first).
+constexpr int attn_max_heads(int d) { return d == 256 ? 8 : 16; }
+struct AttnSlices {
+  int n, width;
+};
+AttnSlices attn_slices(int d, int group) {
+  const int n = ceil_div(group, attn_max_heads(d));
+  return {n, ceil_div(group, n)};
+}
 
 struct AttnArgs {
   const void* k;
@@ -82,6 +58,7 @@ struct AttnArgs {
   int sel_cap;
   int pages_per_split;
   int n_splits;
+  int n_sl, gw;  // head slices per KV head and heads per slice (attn_slices)
   const float* q;
   float qscale;  // softmax scale * log2(e)
   float* part_o;
@@ -91,11 +68,11 @@ struct AttnArgs {
 // G 16 at d 128 (two m-tiles: 64 query and 64 accumulator registers) would take ~204
 // registers, i.e. 2 blocks per SM; capped at 168 for 3 (the shared-memory limit), at the
 // cost of ~6 local loads/stores a page (L1 hits). 0: no cap.
+// d 256 (one m-tile): 64 query and 128 accumulator registers, one block per SM (shared
+// memory), so no cap.
 template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     attn_kernel(AttnArgs a) {
-  pdl_wait();
-  pdl_trigger();
   using M = Mma<T>;
   constexpr int KS = D / 16;
   constexpr int NV = D / 8;     // n-tiles of the output
@@ -105,8 +82,9 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   constexpr int kRowBytes = D * int(sizeof(T));
   extern __shared__ uint4 abuf[];  // pipeline stages; reused for the warps' outputs at the end
   __shared__ float sml[kWarps][16][2];
-  const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
-  const int G = a.Hq / a.H;
+  const int h = int(blockIdx.x) / a.n_sl, split = blockIdx.y, b = blockIdx.z;  // heads fastest
+  const int G = a.Hq / a.H, g0 = (int(blockIdx.x) - h * a.n_sl) * a.gw;
+  const int gc = min(a.gw, G - g0), hq0 = h * G + g0;  // this slice's query heads
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int len = a.seq_lens[b];
@@ -167,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     const T* src = base + ((blk * 16 + lr) * a.H + h) * D + lc * 8;
 #pragma unroll
     for (int q = 0; q < 16 / RPI; ++q)
-      cp_async16<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
+      cp_async16_row<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
   };
   // Block and valid tokens of page k (issue order k = 0, 1, 2, ... exactly once each).
   auto blk_of = [&](int k, int& nv) {
@@ -196,14 +174,14 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int g = mt * 8 + gid;
-    const float* qr = a.q + (int64_t(b) * a.Hq + h * G + g) * D;
+    const float* qr = a.q + (int64_t(b) * a.Hq + hq0 + g) * D;
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int dim = 16 * s + 8 * x + 2 * tig;
         float v0 = 0.f, v1 = 0.f;
-        if (g < G) {
+        if (g < gc) {
           const float2 v = *reinterpret_cast<const float2*>(qr + dim);
           v0 = v.x * a.qscale;
           v1 = v.y * a.qscale;
@@ -327,7 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   }
   __syncthreads();
   __shared__ float fac[kWarps][16];  // each warp's weight in the block's merge, per head
-  if (threadIdx.x < G) {
+  if (threadIdx.x < gc) {
     const int g = threadIdx.x;
     float mx = kNegInf;
 #pragma unroll
@@ -339,17 +317,17 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
       fac[w][g] = f;
       l += f * sml[w][g][1];
     }
-    const int64_t prow = (int64_t(b) * a.Hq + h * G + g) * a.n_splits + split;
+    const int64_t prow = (int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split;
     a.part_ml[prow * 2] = mx;
     a.part_ml[prow * 2 + 1] = l;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+  for (int e = threadIdx.x; e < gc * D; e += blockDim.x) {
     const int g = e / D, dim = e % D;
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc += fac[w][g] * so[w][g][dim];
-    a.part_o[((int64_t(b) * a.Hq + h * G + g) * a.n_splits + split) * D + dim] = acc;
+    a.part_o[((int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split) * D + dim] = acc;
   }
 }
 
@@ -364,8 +342,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
                  int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
                  const int32_t* __restrict__ sel_counts, float* __restrict__ out,
                  float* __restrict__ lse) {
-  pdl_wait();
-  pdl_trigger();
   constexpr int E = D / 32;  // dims per lane
   __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
@@ -383,7 +359,12 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     const float ms = part_ml[(prow + s) * 2], ls = part_ml[(prow + s) * 2 + 1];
     float o[E];
     const float* src = part_o + (prow + s) * D + lane * E;
-    if constexpr (E == 4) {
+    if constexpr (E == 8) {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      const float4 w = *reinterpret_cast<const float4*>(src + 4);
+      o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+      o[4] = w.x, o[5] = w.y, o[6] = w.z, o[7] = w.w;
+    } else if constexpr (E == 4) {
       const float4 v = *reinterpret_cast<const float4*>(src);
       o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
     } else {
@@ -417,41 +398,47 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;
 }
 
+// MT = m-tiles of 8 heads (x hi / lo) per block: 1 for slices of <= 8 heads, else 2.
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
-  if (a.Hq / a.H <= 8)
-    launch_pdl(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
-  else
-    launch_pdl(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+  if (D == 256 || a.gw <= 8)
+    launch_kernel(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+  else if constexpr (D != 256)
+    launch_kernel(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
 }
 
 template <typename T, int D>
 const void* attn_kernel_for(int G) {
-  return G <= 8 ? (const void*)attn_kernel<T, D, 1> : (const void*)attn_kernel<T, D, 2>;
+  if constexpr (D == 256) {
+    return (const void*)attn_kernel<T, D, 1>;
+  } else {
+    return attn_slices(D, G).width <= 8 ? (const void*)attn_kernel<T, D, 1>
+                                        : (const void*)attn_kernel<T, D, 2>;
+  }
+}
+
+template <typename T>
+const void* attn_kernel_for(int head_dim, int G) {
+  return head_dim == 256   ? attn_kernel_for<T, 256>(G)
+         : head_dim == 128 ? attn_kernel_for<T, 128>(G)
+                           : attn_kernel_for<T, 64>(G);
 }
 
 }  // namespace
 
 void prepare_attention_kernels() {
-  const void* ks[] = {(const void*)attn_kernel<__nv_bfloat16, 128, 1>,
-                      (const void*)attn_kernel<__nv_bfloat16, 128, 2>,
-                      (const void*)attn_kernel<__nv_bfloat16, 64, 1>,
-                      (const void*)attn_kernel<__nv_bfloat16, 64, 2>,
-                      (const void*)attn_kernel<__half, 128, 1>,
-                      (const void*)attn_kernel<__half, 128, 2>,
-                      (const void*)attn_kernel<__half, 64, 1>,
-                      (const void*)attn_kernel<__half, 64, 2>};
-  for (const void* f : ks)
-    LOCKS_CUDA_CHECK(
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmemMax));
+  for (int d : limits::kHeadDims)
+    for (int g : {1, 16})
+      for (const void* f : {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g)})
+        LOCKS_CUDA_CHECK(
+            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem(d)));
 }
 
+int attention_head_slices(int head_dim, int group) { return attn_slices(head_dim, group).n; }
+
 int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
-  const bool f16 = dtype == DType::f16;
-  const void* f =
-      head_dim == 128
-          ? (f16 ? attn_kernel_for<__half, 128>(group) : attn_kernel_for<__nv_bfloat16, 128>(group))
-          : (f16 ? attn_kernel_for<__half, 64>(group) : attn_kernel_for<__nv_bfloat16, 64>(group));
+  const void* f = dtype == DType::f16 ? attn_kernel_for<__half>(head_dim, group)
+                                      : attn_kernel_for<__nv_bfloat16>(head_dim, group);
   int n = 0;
   LOCKS_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWarps * 32, attn_smem(head_dim)));
@@ -474,34 +461,46 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
              sel ? sel->capacity : 0,
              pps,
              n_splits,
+             1,
+             1,
              q,
              scale * kLog2e,
              part_o,
              part_ml};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
-  // KV heads vary fastest across the grid: the blocks in flight then read all heads of the
-  // same pages, i.e. whole contiguous blocks of the cache, not 256-byte rows 2 KB apart.
-  const dim3 grid(unsigned(L.num_kv_heads), unsigned(used), unsigned(batch.batch_size));
-  if (L.dtype == DType::bf16) {
-    if (L.head_dim == 128)
-      launch_t<__nv_bfloat16, 128>(a, grid, st);
+  const AttnSlices hsl = attn_slices(L.head_dim, Hq / L.num_kv_heads);
+  a.n_sl = hsl.n;
+  a.gw = hsl.width;
+  // KV heads (and their head slices) vary fastest across the grid: the blocks in flight then
+  // read all heads of the same pages, i.e. whole contiguous blocks of the cache, not 256-byte
+  // rows 2 KB apart.
+  const dim3 grid(unsigned(L.num_kv_heads * hsl.n), unsigned(used), unsigned(batch.batch_size));
+  auto by_dim = [&](auto tag) {
+    using T = decltype(tag);
+    if (L.head_dim == 256)
+      launch_t<T, 256>(a, grid, st);
+    else if (L.head_dim == 128)
+      launch_t<T, 128>(a, grid, st);
     else
-      launch_t<__nv_bfloat16, 64>(a, grid, st);
-  } else {
-    if (L.head_dim == 128)
-      launch_t<__half, 128>(a, grid, st);
-    else
-      launch_t<__half, 64>(a, grid, st);
-  }
+      launch_t<T, 64>(a, grid, st);
+  };
+  if (L.dtype == DType::bf16)
+    by_dim(__nv_bfloat16{});
+  else
+    by_dim(__half{});
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
   const int32_t* counts = sel ? sel->counts : nullptr;
-  if (L.head_dim == 128)
-    launch_pdl(merge_kernel<128>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
-               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
+  auto merge = [&](auto kernel) {
+    launch_kernel(kernel, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits, pps,
+                  L.num_kv_heads, batch.seq_lens, counts, out, lse);
+  };
+  if (L.head_dim == 256)
+    merge(merge_kernel<256>);
+  else if (L.head_dim == 128)
+    merge(merge_kernel<128>);
   else
-    launch_pdl(merge_kernel<64>, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits,
-               pps, L.num_kv_heads, batch.seq_lens, counts, out, lse);
+    merge(merge_kernel<64>);
 }
 
 }  // namespace locks::cuda::detail

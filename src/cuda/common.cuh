@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "locks/cuda/check.h"
 #include "locks/dtype.h"
@@ -48,3 +49,16 @@ __device__ __forceinline__ void lse_merge(float& m, float& l, float m2, float l2
 
 }  // namespace locks::cuda::detail
 
+namespace locks::cuda::detail {
+
+// kernel<<<grid, block, smem, st>>>(args...), then the launch error check. (Programmatic
+// dependent launch was tried here, v11 in docs/cuda_notes.md: no faster at 128K batch 8 and
+// 4 us slower at 1M batch 1 than plain launches, so the step uses plain stream order.)
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                   Args&&... args) {
+  kernel<<<grid, block, smem, st>>>(std::forward<Args>(args)...);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+}  // namespace locks::cuda::detail

@@ -100,7 +100,8 @@ DecodePlan plan_decode(const DecodeParams& params) {
   // A split is a few pages per warp, so a second, partial wave would cost a whole block
   // time (v11: "about 4 blocks per SM" made 512 blocks for 396 slots at 128K batch 8).
   const int64_t slots = int64_t(detail::attention_blocks_per_sm(L.dtype, L.head_dim, G)) * sms;
-  const int64_t per_row = std::max<int64_t>(1, slots / (int64_t(B) * Hkv));
+  const int64_t per_row = std::max<int64_t>(
+      1, slots / (int64_t(B) * Hkv * detail::attention_head_slices(L.head_dim, G)));
   int sparse_pps =
       int(std::clamp<int64_t>((plan.capacity + per_row - 1) / per_row, kSparsePagesPerSplit, 32));
   plan.sparse_pages_per_split = (sparse_pps + 3) / 4 * 4;
@@ -137,7 +138,7 @@ void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& s, con
   LOCKS_REQUIRE(head_scores != nullptr, "head_scores is null");
   detail::launch_score(s, batch, q.q, plan.params.num_q_heads, plan.params.scale, head_scores,
                        region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks,
-                       plan.score_chunk_pages, true, st);
+                       plan.score_chunk_pages, st);
 }
 
 void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,

@@ -6,15 +6,17 @@
 
 #include <cstdint>
 
+#include "locks/cuda/limits.h"
 #include "locks/kv_cache.h"
 #include "locks/select.h"
 #include "locks/summary.h"
 
 namespace locks::cuda::detail {
 
-constexpr int kScoreChunk = 128;    // most pages per scoring block (and per chunk LSE partial)
+constexpr int kMaxGroup = limits::kMaxGroup;  // GQA group (query heads per KV head)
+constexpr int kScoreChunk = 128;    // most pages per scoring block (CUDA-core path: always)
 constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
-constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block
+constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block (smem keys)
 // Pages per first-stage selection block: 2048 for up to 16K pages a sequence (more blocks
 // for the barrier-bound first stage at batch 1), 4096 above (fewer second-stage candidates).
 inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2048 : 4096; }
@@ -25,7 +27,7 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // score_chunk_pages).
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  bool allow_tensor_cores, cudaStream_t st);
+                  cudaStream_t st);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU.
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);
@@ -36,6 +38,9 @@ void prepare_attention_kernels();
 // Resident blocks per SM of the attention kernel for this cache dtype, head_dim and GQA
 // group (after prepare_attention_kernels); sizes the sparse splits to one wave.
 int attention_blocks_per_sm(DType dtype, int head_dim, int group);
+// Blocks per (split, KV head) of the attention kernel: GQA groups wider than one block's
+// query m-tiles (16 heads; 8 at d 256) are split into this many head slices.
+int attention_head_slices(int head_dim, int group);
 
 // head_lse: workspace [B, Hq] (each head's log-sum-exp over its pages).
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,

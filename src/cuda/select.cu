@@ -3,17 +3,18 @@
 // 8-bit digit passes, histograms in shared memory) finds the m-th largest key T and how
 // many keys equal to T to take; a stable block scan then keeps every key > T and the
 // lowest-index keys == T (ties to the lower index), in ascending page order.
-//   stage 1: one block per (4096-page chunk, KV head, sequence): the chunk's top-m
-//            candidates among the pages that are neither sink, recent nor tail;
+//   stage 1: one block per (chunk, KV head, sequence), chunks of 2048 or 4096 pages chosen
+//            at plan time (select_chunk_pages): the chunk's top-m candidates among the
+//            pages that are neither sink, recent nor tail;
 //   stage 2: one block per (KV head, sequence): top-m of the candidates, then the final
-//            ascending list [sinks | selected | recent | tail], -1 padded.
+//            ascending list [sinks | selected | recent | tail], -1 padded;
+//   or, when one chunk covers every sequence, both in one block per (KV head, sequence).
 #include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
 #include "locks/rules.h"
-#include "pdl.cuh"
 
 namespace locks::cuda::detail {
 namespace {
@@ -131,12 +132,26 @@ __device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_
   return int(gt_base + (take_all ? 0u : min(eq_base, uint32_t(need_eq))));
 }
 
+// The final list of one (sequence, KV head) around its n_mid selected pages (already at
+// out[sink_end ..]): sinks, recent pages, the tail page, -1 padding, and the count.
+__device__ __forceinline__ void write_list(const Rules& r, int n_mid, int cap, int32_t* out,
+                                           int32_t* count_out) {
+  const int n_recent = r.full - r.recent_start;
+  for (int i = threadIdx.x; i < r.sink_end; i += kThreads) out[i] = i;
+  for (int i = threadIdx.x; i < n_recent; i += kThreads)
+    out[r.sink_end + n_mid + i] = r.recent_start + i;
+  const int count = r.sink_end + n_mid + n_recent + r.has_tail;
+  if (threadIdx.x == 0) {
+    if (r.has_tail) out[count - 1] = r.full;
+    *count_out = count;
+  }
+  for (int i = count + threadIdx.x; i < cap; i += kThreads) out[i] = -1;
+}
+
 __global__ void __launch_bounds__(kThreads)
     select_stage1(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
                   SelectConfig cfg, int cap, int n_chunks, int chunk_pages, uint32_t* cand_key,
                   int32_t* cand_idx, int32_t* cand_cnt) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ SelectSmem sm;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
   const int64_t row = (int64_t(b) * Hkv + h);
@@ -175,8 +190,6 @@ __global__ void __launch_bounds__(kThreads)
                   int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
                   const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
                   int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
-  pdl_wait();
-  pdl_trigger();
   __shared__ SelectSmem sm;
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
@@ -208,16 +221,47 @@ __global__ void __launch_bounds__(kThreads)
     n_mid = compact(key_of, n, all, T, need_eq, sm,
                     [&](int e, int pos) { out[r.sink_end + pos] = ci[e]; });
   }
-  const int n_recent = r.full - r.recent_start;
-  for (int i = threadIdx.x; i < r.sink_end; i += kThreads) out[i] = i;
-  for (int i = threadIdx.x; i < n_recent; i += kThreads)
-    out[r.sink_end + n_mid + i] = r.recent_start + i;
-  const int count = r.sink_end + n_mid + n_recent + r.has_tail;
-  if (threadIdx.x == 0) {
-    if (r.has_tail) out[count - 1] = r.full;
-    counts[row] = count;
+  write_list(r, n_mid, cap, out, counts + row);
+}
+
+// One stage for sequences that fit one chunk (max_blocks_per_seq <= chunk pages, e.g. up to
+// 32K tokens with 2048-page chunks): stage 1's cached keys and stage 2's list in one block
+// per (KV head, sequence), one launch and one radix select fewer. Same rules, same ties
+// (lowest index among equal keys), so the same list.
+__global__ void __launch_bounds__(kThreads)
+    select_single(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
+                  SelectConfig cfg, int cap, int32_t* __restrict__ pages,
+                  int32_t* __restrict__ counts) {
+  __shared__ SelectSmem sm;
+  __shared__ uint32_t skeys[kSelectChunk];
+  const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
+  const int64_t row = int64_t(b) * Hkv + h;
+  const Rules r = rules_for(seq_lens[b], P, cfg);
+  int32_t* out = pages + row * cap;
+  if (r.all) {
+    for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
+    if (threadIdx.x == 0) counts[row] = r.n_pages;
+    return;
   }
-  for (int i = count + threadIdx.x; i < cap; i += kThreads) out[i] = -1;
+  const int lo = r.sink_end, n = r.recent_start - r.sink_end;  // candidates: [lo, lo + n)
+  const int slots = max(r.slots, 0);
+  int n_mid = 0;
+  if (slots > 0 && n > 0) {  // block-uniform
+    const float* s = gs + row * M + lo;
+    for (int e = threadIdx.x; e < n; e += kThreads) skeys[e] = float_key(s[e]);
+    __syncthreads();
+    auto key_of = [&](int e, bool& valid) {
+      valid = true;
+      return skeys[e];
+    };
+    uint32_t T = 0;
+    int need_eq = 0;
+    const bool all = n <= slots;
+    if (!all) radix_threshold(key_of, n, slots, sm, T, need_eq);
+    n_mid = compact(key_of, n, all, T, need_eq, sm,
+                    [&](int e, int pos) { out[r.sink_end + pos] = lo + e; });
+  }
+  write_list(r, n_mid, cap, out, counts + row);
 }
 
 }  // namespace
@@ -230,12 +274,17 @@ void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                 " pages");
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);
-  launch_pdl(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
-             dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks,
-             chunk_pages, cand_key, cand_idx, cand_cnt);
-  launch_pdl(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
-             batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx, cand_cnt,
-             out.pages, out.counts);
+  if (used == 1) {
+    launch_kernel(select_single, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0,
+                  st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, out.pages, out.counts);
+    return;
+  }
+  launch_kernel(select_stage1, dim3(unsigned(used), unsigned(Hkv), unsigned(batch.batch_size)),
+                dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity,
+                n_chunks, chunk_pages, cand_key, cand_idx, cand_cnt);
+  launch_kernel(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0,
+                st, batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx,
+                cand_cnt, out.pages, out.counts);
 }
 
 }  // namespace locks::cuda::detail

@@ -8,6 +8,7 @@
 namespace locks::cuda::sb {
 
 constexpr int kP = 16;          // page size (rows of the Gram matrix)
+constexpr int kMaxD = 256;      // largest head_dim (shared-memory key tiles, epilogue lanes)
 constexpr int kMaxSweeps = 10;  // Jacobi sweeps cap (fp32 converges in about 5-7)
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -93,16 +94,17 @@ __device__ __forceinline__ void write_mu(const Out& out, const float* mu, int d,
 }
 
 // basis_k = D^T u_k / sigma_k (0 when sigma_k <= 1e-6 sigma_0); lane owns dim pairs
-// (2p, 2p+1), p = lane, lane + 32.
+// (2p, 2p+1), p = lane + 32 m (m < 4: d up to 256).
 __device__ __forceinline__ void write_basis(const Out& out, const float* D, int ld,
                                             const float* U_k, float sk, float s0, int d, int rank,
                                             int k, int64_t bh, int lane) {
   const float inv = (sk > 0.0f && sk > 1e-6f * s0) ? 1.0f / sk : 0.0f;
-  float2 val[2];
+  constexpr int kM = kMaxD / 64;
+  float2 val[kM];
   const int npairs = d / 2;
   float mx = 0.0f;
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < kM; ++m) {
     const int p = lane + 32 * m;
     float x = 0.0f, y = 0.0f;
     if (p < npairs) {
@@ -118,7 +120,7 @@ __device__ __forceinline__ void write_basis(const Out& out, const float* D, int 
   }
   if (!out.quant) {
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kM; ++m) {
       const int p = lane + 32 * m;
       if (p < npairs) *reinterpret_cast<float2*>(out.basis + (bh * rank + k) * d + 2 * p) = val[m];
     }
@@ -127,7 +129,7 @@ __device__ __forceinline__ void write_basis(const Out& out, const float* D, int 
   const float scale = detail::warp_max(mx) / 7.0f;
   if (lane == 0) out.basis_scale[bh * rank + k] = scale;
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < kM; ++m) {
     const int p = lane + 32 * m;
     if (p < npairs) {
       int lo = scale == 0.0f ? 0 : __float2int_rn(val[m].x / scale);

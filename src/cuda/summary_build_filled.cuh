@@ -20,7 +20,6 @@ namespace locks::cuda::sb {
 
 constexpr int kFilledThreads = 256;  // one thread per Gram entry
 constexpr int kFilledWarps = kFilledThreads / 32;
-constexpr int kMaxD = 128;
 constexpr int kCheckRounds = 10;  // rounds between convergence tests (even: buffer 0 after)
 constexpr int kMaxChecks = kMaxSweeps * 15 / kCheckRounds;  // the bulk kernel's round cap
 

@@ -224,6 +224,27 @@ INSTANTIATE_TEST_SUITE_P(
       return name(i.param) + "_" + std::to_string(i.index);
     });
 
+// head_dim 256 and GQA groups up to 32 (#14): Gemma-3 global layers (d 256, 4 q / 1 KV and
+// 8 q / 4 KV), Qwen2.5 (G 7), SmolLM2 (G 3), GLM (G 16), 32 q / 1 KV (G 32) and d 256 groups
+// that take several head slices (scoring: 4 heads a block at d 256, 16 below; attention: 8
+// at d 256, 16 below); the CUDA-core scoring kernel at d 256 and G 32 (fp32 summaries).
+INSTANTIATE_TEST_SUITE_P(
+    WideShapes, DecodeOpsTest,
+    ::testing::Values(OpCase{1, 4, 256, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{4, 2, 256, Precision::quant, DType::f16, kRagged, {1024, 1, 2}},
+                      OpCase{1, 8, 256, Precision::quant, DType::bf16, kRagged, {512, 0, 2}},
+                      OpCase{1, 32, 256, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{1, 32, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{2, 24, 128, Precision::quant, DType::f16, kRagged, {256, 0, 1}},
+                      OpCase{4, 7, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{3, 3, 64, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{1, 20, 64, Precision::quant, DType::f16, kRagged, {512, 1, 2}},
+                      OpCase{1, 4, 256, Precision::fp32, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{1, 32, 128, Precision::fp32, DType::f16, kRagged, {512, 1, 2}}),
+    [](const ::testing::TestParamInfo<OpCase>& i) {
+      return name(i.param) + "_" + std::to_string(i.index);
+    });
+
 // Ties: many equal group scores must resolve to the lower index, exactly like the CPU.
 TEST(DecodeSelect, TiesGoToTheLowerIndex) {
   SKIP_WITHOUT_GPU();
@@ -367,7 +388,8 @@ TEST(DecodePlan, RejectsUnsupportedShapes) {
   };
   EXPECT_THROW(make(CacheLayout{8, 8, 2, 128, DType::bf16}, 8, 512), Error);    // page size 8
   EXPECT_THROW(make(CacheLayout{8, 16, 2, 96, DType::bf16}, 8, 512), Error);    // head_dim 96
-  EXPECT_THROW(make(CacheLayout{8, 16, 1, 128, DType::bf16}, 32, 512), Error);  // group 32
+  EXPECT_THROW(make(CacheLayout{8, 16, 1, 128, DType::bf16}, 64, 512), Error);  // group 64
+  EXPECT_THROW(make(CacheLayout{8, 16, 1, 512, DType::bf16}, 4, 512), Error);   // head_dim 512
   EXPECT_THROW(make(CacheLayout{8, 16, 2, 128, DType::bf16}, 8, 8), Error);     // budget < 1 page
 }
 

@@ -170,7 +170,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BuildCase{DType::f16, 128, cuda::Solver::warp_jacobi, 1.0f},
                       BuildCase{DType::f32, 64, cuda::Solver::warp_jacobi, 1.0f},
                       BuildCase{DType::bf16, 128, cuda::Solver::cusolver, 0.8f},
-                      BuildCase{DType::f16, 64, cuda::Solver::cusolver, 1.0f}));
+                      BuildCase{DType::f16, 64, cuda::Solver::cusolver, 1.0f},
+                      // head_dim 256 (Gemma-3 global layers)
+                      BuildCase{DType::bf16, 256, cuda::Solver::warp_jacobi, 0.8f},
+                      BuildCase{DType::f32, 256, cuda::Solver::warp_jacobi, 1.0f},
+                      BuildCase{DType::f16, 256, cuda::Solver::cusolver, 0.8f}));
 
 // build_filled (the latency kernel) builds exactly the pages that the last `appended` tokens
 // completed, with the same accuracy as the bulk build; every other block stays untouched.
@@ -289,7 +293,9 @@ INSTANTIATE_TEST_SUITE_P(
                       FilledCase{DType::f32, 64, 4, 5, 2, 10, 1.0f},
                       FilledCase{DType::f32, 128, 2, 6, 16, 0, 1.0f},
                       FilledCase{DType::bf16, 128, 8, 96, 3, 10, 0.8f},  // many blocks
-                      FilledCase{DType::f16, 64, 8, 64, 1, 0, 1.0f}));
+                      FilledCase{DType::f16, 64, 8, 64, 1, 0, 1.0f},
+                      FilledCase{DType::bf16, 256, 4, 6, 1, 10, 0.8f},  // d 256
+                      FilledCase{DType::f32, 256, 1, 5, 3, 0, 1.0f}));
 
 // A step where no sequence completes a page writes nothing.
 TEST(SummaryBuildFilled, NoCompletedPageWritesNothing) {

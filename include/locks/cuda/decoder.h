@@ -9,8 +9,8 @@
 // plan and on batch.batch_size, so a whole step can be captured in one CUDA graph and
 // replayed while seq_lens, block tables, queries and the cache change in place.
 //
-// Supported: supports(Backend::cuda, ...) (locks/support.h, table in locks/cuda/limits.h);
-// locks::Unsupported otherwise.
+// Supported: supports(Backend::cuda, ...) (locks/support.h, table in locks/cuda/limits.h):
+// page_size 16, head_dim 64, 128 or 256, GQA group in [1, 32]; locks::Unsupported otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,0 +1,545 @@
+// Page scoring on the tensor cores (int4 summaries, rank 8, P 16, d 64 / 128 / 256):
+// s_j = log sum_i exp(scale * (q.mu_j + (V_j q).c_i)) for every full page j and query head.
+// One block of 4 warps per (chunk of 32-128 pages, KV head [x head slice], sequence), so the
+// grid depends on the plan only; pages past the sequence get -inf. The three per-page
+// products run as mma.sync m16n8k16 (fp16 in, fp32 accumulate): the int8/int4 codes are
+// exact in fp16; the query (and the projected query) is split into fp16 hi + lo columns, so
+// the products keep about 22 bits: as accurate as fp32 CUDA-core code. Products:
+// [2 pages x 8 basis rows] x [d x 2G] (V q), [(G heads x hi/lo) x 2 halves of d] x [d/2 x
+// (4 pages x 2 halves)] (q.mu; G <= 4 at d <= 128, or d 64; else [16 pages] x [d x 2G]),
+// [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
+// that each head's 16 keys sum within a lane quad). G here is a block's head slice: at
+// most 16 heads (4 at d 256), wider groups take several blocks per page chunk.
+#include <algorithm>
+#include <cstdint>
+
+#include "locks/error.h"
+#include "score.cuh"
+#include "score_common.cuh"
+
+namespace locks::cuda::detail {
+namespace {
+
+constexpr int kMmaWarps = 4;  // 4 warps x (chunk pages / 4): 32, 16 or 8 pages a warp
+
+using MmaH = Mma<__half>;  // summaries' integer codes are exact in fp16
+
+// One stage of a warp's pipeline: the summaries of kSP consecutive pages, copied verbatim.
+// Small stages keep shared memory per block low (about 37 KB at d 128, G 4), so six blocks
+// (24 warps) fit on an SM: the scoring kernel needs many warps in flight to hide latency.
+constexpr int kSP = 4;
+template <int D>
+struct Stage {
+  static constexpr int kPages = kSP, R = 8, P = 16;
+  uint8_t basis[kPages][R * D / 2];
+  int8_t mu[kPages][D];
+  int8_t coeff[kPages][P * R];
+  float bscale[kPages][R];
+  float cscale[kPages][R];
+  float muscale[kPages];
+};
+
+// A lane's share of the stage copies: lane l copies page l / 8 of the stage, 16-byte chunk
+// l % 8 (+ 8 i) of its basis, centroid and coefficients, and lanes l % 8 < 5 one scale
+// chunk. The per-lane source offsets and shared-memory slots are fixed for the whole
+// kernel, so a stage costs one shuffle (the page's block id) and one wide multiply-add
+// per array: no per-chunk address arithmetic.
+template <int D>
+struct StageLoader {
+  static_assert(kSP * 8 == 32, "8 lanes per page of the stage");
+  static constexpr int R = 8, P = 16;
+  static constexpr int NB = R * D / 2 / 16 / 8;  // basis chunks per lane (8, 4 or 2)
+  static constexpr int MC = D / 16;              // centroid chunks per page (16, 8 or 4)
+  const uint8_t* basis;                          // basis_q + lane chunk offset, etc.
+  const int8_t* mu;
+  const int8_t* coeff;
+  const char* scl;      // this lane's scale array + offset (lanes l % 8 < 5)
+  uint32_t scl_stride;  // bytes per (block, head) of that scale array
+  uint32_t dst;         // shared address of this lane's basis slot in stage buffer 0
+  uint32_t mu_off, coeff_off, scl_off;  // slots of the other arrays, relative to dst
+  int page, role;                       // page of the stage (lane / 8), lane % 8
+
+  __device__ void init(const SumView& S, Stage<D>* my, int lane) {
+    page = lane >> 3;
+    role = lane & 7;
+    basis = S.basis_q + role * 16;
+    mu = S.mu_q + (role < MC ? role : 0) * 16;
+    coeff = S.coeff_q + role * 16;
+    const int half = role & 1;
+    scl = role < 2   ? reinterpret_cast<const char*>(S.basis_scale + 4 * half)
+          : role < 4 ? reinterpret_cast<const char*>(S.coeff_scale + 4 * half)
+                     : reinterpret_cast<const char*>(S.mu_scale);
+    scl_stride = role < 4 ? R * 4 : 4;
+    Stage<D>& st = my[0];
+    const uint32_t base = smem_u32(&st.basis[page][role * 16]);
+    dst = base;
+    mu_off = smem_u32(&st.mu[page][(role < MC ? role : 0) * 16]) - base;
+    coeff_off = smem_u32(&st.coeff[page][role * 16]) - base;
+    scl_off = (role < 2   ? smem_u32(&st.bscale[page][4 * half])
+               : role < 4 ? smem_u32(&st.cscale[page][4 * half])
+                          : smem_u32(&st.muscale[page])) -
+              base;
+  }
+  // blk: block id of this lane's page (-1 past the sequence's full pages: zero-filled).
+  __device__ __forceinline__ void load(int buf, int32_t blk, int H, int h) const {
+    const bool valid = blk >= 0;
+    const uint32_t bh = uint32_t(valid ? blk : 0) * uint32_t(H) + uint32_t(h);
+    const uint32_t d = dst + uint32_t(buf * sizeof(Stage<D>));
+    const uint8_t* sb = basis + uint64_t(bh) * (R * D / 2);
+#pragma unroll
+    for (int i = 0; i < NB; ++i) cp_async16_zfill(d + 128 * i, sb + 128 * i, valid);
+    // (at d 64, lanes past the 4 centroid chunks copy none: not even a zero fill; at d 256
+    // each lane copies chunks role and role + 8)
+    if (MC >= 8 || role < MC) cp_async16_zfill(d + mu_off, mu + uint64_t(bh) * D, valid);
+    if constexpr (MC == 16) cp_async16_zfill(d + mu_off + 128, mu + uint64_t(bh) * D + 128, valid);
+    cp_async16_zfill(d + coeff_off, coeff + uint64_t(bh) * (P * R), valid);
+    const char* ss = scl + uint64_t(bh) * scl_stride;
+    if (role < 4)
+      cp_async16_zfill(d + scl_off, ss, valid);
+    else if (role == 4)
+      cp_async4_zfill(d + scl_off, ss, valid);
+  }
+};
+
+// D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
+// Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
+// kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
+// tensor-core work on the current ones.
+// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16;
+// d 256, 4 heads: 4 blocks of 55 KB); registers are capped to match, so they never lower
+// the occupancy further.
+template <int D, int NT1>
+constexpr int score_min_blocks() {
+  return D == 256 ? 4 : NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
+}
+
+// CP = pages per block (128, 64 or 32: see score_chunk_pages), a template parameter so
+// the stage loop keeps a compile-time trip count.
+// Head slices: a GQA group of G heads is scored by n_sl blocks per (chunk, KV head), slice
+// s taking heads [s gw, min(G, (s + 1) gw)) (gw <= GMAX), so groups wider than one
+// block's query fragments (G > 16; G > 4 at d 256) read each summary n_sl times, from L2
+// for all but the first: blockIdx.x = KV head * n_sl + slice keeps a page's slices adjacent.
+template <int D, int NT1, int CP>
+__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
+    score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
+              const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
+              float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
+  constexpr int KS = D / 16;  // k-steps over the head dim
+  constexpr int R = 8;        // rank
+  constexpr int GMAX = 4 * NT1;
+  constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 16 or 8
+  constexpr int n_st = ppw / kSP;      // stages of the warp
+  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap (not at
+  // d 256, whose V q operands alone take 96 registers).
+  constexpr bool kMuT = (NT1 == 1 && D <= 128) || D == 64;
+  __shared__ float qs[GMAX][D + 4];
+  __shared__ float unscale[GMAX];
+  __shared__ float sc[GMAX * kScoreChunk];
+  __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
+  // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
+  __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
+  extern __shared__ float4 dyn[];
+  Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
+
+  const int h = int(blockIdx.x) / n_sl, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest
+  const int sl = int(blockIdx.x) - h * n_sl;
+  const int G = Hq / H, g0 = sl * gw, gc = min(gw, G - g0);  // this slice's heads
+  const int hq0 = h * G + g0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int n_full = seq_lens[b] / 16;
+  const int jw = chunk * CP + warp * ppw;  // first page of the warp
+  const int32_t* bt = block_table + int64_t(b) * bt_stride;
+  Stage<D>* my = stages + 2 * warp;
+  // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
+  const int32_t blk_all = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
+  const int n_stages = jw < n_full ? min(n_st, (n_full - jw + kSP - 1) / kSP) : 0;
+  StageLoader<D> ld;
+  ld.init(S, my, lane);
+  auto issue = [&](int s) {
+    if (s < n_stages)  // warp-uniform: the whole warp takes part in the shuffle
+      ld.load(s & 1, __shfl_sync(kFull, blk_all, kSP * s + ld.page), H, h);
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
+
+  // Query rows (scaled to log2 units), normalised per head by a power of two.
+  for (int g = warp; g < GMAX; g += kMmaWarps) {
+    float mx = 0.0f;
+    for (int c = lane; c < D; c += 32) {
+      const float x = g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + c] * (scale * kLog2e) : 0.0f;
+      qs[g][c] = x;
+      mx = fmaxf(mx, fabsf(x));
+    }
+    const float f = pow2_normaliser(warp_max(mx));
+    for (int c = lane; c < D; c += 32) qs[g][c] *= f;
+    if (lane == 0) unscale[g] = 1.0f / f;
+  }
+  __syncthreads();
+
+  // B fragments of the query: column n = gid of n-tile nt is head nt*4 + gid/2, hi or lo.
+  uint32_t bq[NT1][KS][2];
+#pragma unroll
+  for (int nt = 0; nt < NT1; ++nt) {
+    const int g = nt * 4 + (gid >> 1);
+    const bool lo = gid & 1;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int ri = 2 * s + x;
+        const int dim = (D / 4) * tig + 8 * (ri / 4) + (ri % 4);
+        const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+        const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
+        bq[nt][s][x] = MmaH::pack(e0, e1);
+      }
+    }
+  }
+
+  // A fragments of the query for q.mu: m-tile mt holds heads 4 mt .. 4 mt + 3; row gid is
+  // head 4 mt + gid / 2 (hi or lo) over dims [0, d/2), row gid + 8 the same over [d/2, d).
+  // The dims of a k-step match the centroid chunk a lane converts (see (a)).
+  uint32_t aq[kMuT ? NT1 : 1][KS / 2][4];
+#pragma unroll
+  for (int mt_ = 0; mt_ < (kMuT ? NT1 : 0); ++mt_) {
+    const int g = mt_ * 4 + (gid >> 1);
+    const bool lo = gid & 1;
+#pragma unroll
+    for (int k = 0; k < KS / 2; ++k)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * k + x;
+          const int dim = r * (D / 2) + (D / 8) * tig + 8 * (i / 4) + (i % 4);
+          const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+          const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
+          aq[mt_][k][2 * x + r] = MmaH::pack(e0, e1);
+        }
+  }
+
+  for (int s = 0; s < n_st; ++s) {
+    const int j0 = jw + kSP * s;
+    float* scw = sc + warp * ppw + kSP * s;  // sc[g * 128 + ...]
+    if (s >= n_stages) {                     // warp-uniform: nothing of the sequence here
+      for (int e = lane; e < GMAX * kSP; e += 32) scw[(e / kSP) * kScoreChunk + e % kSP] = kNegInf;
+      continue;
+    }
+    cp_async_wait<1>();
+    __syncwarp();
+    const Stage<D>& st = my[s & 1];
+    if constexpr (kMuT) {  // (a) q.mu for the stage's pages, transposed so that no mma row is
+                           // padding: A rows are
+      // (head, hi/lo) of the query over the first (rows gid) or second (rows gid + 8) half of
+      // the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
+      // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
+      {
+        uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 16-byte (d 128) or 8-byte chunks
+        const int8_t* src = &st.mu[gid >> 1][(gid & 1) * (D / 2) + (D / 8) * tig];
+        if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+          int8x8_to_half2(u.z, u.w, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[4 + m] = o[m];
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
+          uint32_t o[4];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[m] = o[m];
+        }
+        const float ms = st.muscale[tig];
+#pragma unroll
+        for (int mt_ = 0; mt_ < NT1; ++mt_) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < KS / 2; ++k)
+            MmaH::run(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
+                      rb[2 * k + 1]);
+          float v = acc[0] + acc[3];
+          v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
+          const int g = mt_ * 4 + (gid >> 1);
+          if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+        }
+      }
+    } else {  // (a') q.mu with the centroids as A rows gid < kSP (the other rows are zero);
+      // no extra registers for the query fragments
+      uint32_t ra[KS * 2];
+      const bool row_ok = gid < kSP;
+      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
+#pragma unroll
+      for (int v = 0; v < D / 64; ++v) {
+        uint4 u = src[v];
+        if (!row_ok) u = make_uint4(0u, 0u, 0u, 0u);
+        uint32_t o[4];
+        int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) ra[8 * v + m] = o[m];
+        int8x8_to_half2(u.z, u.w, o);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) ra[8 * v + 4 + m] = o[m];
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT1; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+          MmaH::run(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
+        const int g = nt * 4 + tig;
+        if (row_ok) mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
+      }
+    }
+    __syncwarp();
+
+    // (b) V q for the pairs of pages of the stage on the tensor cores.
+#pragma unroll
+    for (int p = 0; p < kSP; p += 2) {
+      uint32_t ra[2][KS * 2];
+      float wsc[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
+        uint32_t w[D / 32];
+        if constexpr (D == 256) {
+          const uint4 u = reinterpret_cast<const uint4*>(src)[0];
+          const uint4 u2 = reinterpret_cast<const uint4*>(src)[1];
+          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+          w[4] = u2.x, w[5] = u2.y, w[6] = u2.z, w[7] = u2.w;
+        } else if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(src);
+          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
+          w[0] = u.x, w[1] = u.y;
+        }
+        wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
+#pragma unroll
+        for (int v = 0; v < D / 32; ++v) {
+          uint32_t o[4];
+          int4x8_to_half2(w[v], o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) ra[x][4 * v + m] = o[m];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT1; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+          MmaH::run(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
+                    bq[nt][k][0], bq[nt][k][1]);
+        const int g = nt * 4 + tig;
+        wy[warp][(p * GMAX + g) * R + gid] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
+        wy[warp][((p + 1) * GMAX + g) * R + gid] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
+      }
+    }
+    __syncwarp();
+    // (c) per-key logits and each page's log-sum-exp, transposed: an M-tile's 16 rows are
+    // (page, head) pairs of PM = 16 / GMAX pages, its columns the 16 keys (two n-tiles), and
+    // K = the page's (8 hi; 8 lo) halves of the projected query (block-diagonal over the
+    // tile's pages: k-step kk holds page kk). Every accumulator is a useful logit, and a row's
+    // 16 keys lie in one lane quad: 4 exps, 2 shuffles. The projected query w = (V q)_k *
+    // scales stays far inside fp16's range for any sane logit scale.
+    {
+      constexpr int PM = 16 / GMAX, NMT = kSP / PM;
+      // B: coefficients of key 8 nt + gid, codes 2 tig, 2 tig + 1 (the hi and lo halves of K
+      // multiply the same codes, so b1 = b0).
+      uint32_t bc[kSP][2];
+#pragma unroll
+      for (int p = 0; p < kSP; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+          bc[p][nt] = int8x2_to_half2(
+              *reinterpret_cast<const uint16_t*>(st.coeff[p] + (8 * nt + gid) * R + 2 * tig));
+      const int plA = gid / GMAX, gA = gid % GMAX;              // row gid
+      const int plB = (gid + 8) / GMAX, gB = (gid + 8) % GMAX;  // row gid + 8
+#pragma unroll
+      for (int t = 0; t < NMT; ++t) {
+        const float2 wA =
+            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plA) * GMAX + gA) * R + 2 * tig]);
+        const float2 wB =
+            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plB) * GMAX + gB) * R + 2 * tig]);
+        uint32_t hiA, loA, hiB, loB;
+        split_half2(wA.x, wA.y, hiA, loA);
+        split_half2(wB.x, wB.y, hiB, loB);
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < PM; ++kk) {
+          const bool onA = plA == kk, onB = plB == kk;
+          const uint32_t a0 = onA ? hiA : 0u, a2 = onA ? loA : 0u;
+          const uint32_t a1 = onB ? hiB : 0u, a3 = onB ? loB : 0u;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+            MmaH::run(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
+        }
+        // log2-sum-exp over the 16 keys of each row (rows gid: acc[.][0..1], gid + 8:
+        // acc[.][2..3]; the quad's lanes hold the other keys). The coefficients of a page sum
+        // to zero over its keys, so max_i Z_i >= 0 and sum_i 2^Z_i >= 1: no max subtraction
+        // is needed unless some |Z| is large (then the exact max-shifted form runs; one
+        // warp-uniform vote per M-tile).
+        float amax = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(acc[nt][e]));
+        float sA = 0.0f, sB = 0.0f;
+        if (__any_sync(kFull, amax > 64.0f)) {
+          sA = fmaxf(fmaxf(acc[0][0], acc[0][1]), fmaxf(acc[1][0], acc[1][1]));
+          sB = fmaxf(fmaxf(acc[0][2], acc[0][3]), fmaxf(acc[1][2], acc[1][3]));
+          sA = fmaxf(sA, __shfl_xor_sync(kFull, sA, 1));
+          sB = fmaxf(sB, __shfl_xor_sync(kFull, sB, 1));
+          sA = fmaxf(sA, __shfl_xor_sync(kFull, sA, 2));
+          sB = fmaxf(sB, __shfl_xor_sync(kFull, sB, 2));
+        }
+        float lA = (fast_exp2(acc[0][0] - sA) + fast_exp2(acc[0][1] - sA)) +
+                   (fast_exp2(acc[1][0] - sA) + fast_exp2(acc[1][1] - sA));
+        float lB = (fast_exp2(acc[0][2] - sB) + fast_exp2(acc[0][3] - sB)) +
+                   (fast_exp2(acc[1][2] - sB) + fast_exp2(acc[1][3] - sB));
+        lA += __shfl_xor_sync(kFull, lA, 1);
+        lB += __shfl_xor_sync(kFull, lB, 1);
+        lA += __shfl_xor_sync(kFull, lA, 2);
+        lB += __shfl_xor_sync(kFull, lB, 2);
+        if (tig < 2) {  // lane tig 0 writes row gid, lane tig 1 row gid + 8
+          const bool second = tig == 1;
+          const int jj = t * PM + (second ? plB : plA), g = second ? gB : gA;
+          const float l = second ? lB : lA, sh = second ? sB : sA;
+          scw[g * kScoreChunk + jj] =
+              j0 + jj < n_full ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2 : kNegInf;
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    issue(s + 2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  write_chunk(sc, CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+}
+
+template <int D>
+constexpr int mma_smem() {
+  return int(2 * kMmaWarps * sizeof(Stage<D>));
+}
+
+// Head slices of a GQA group on the tensor-core path: the fewest slices of at most
+// mma_max_heads(d) heads, balanced (G 32 at d 128: 2 x 16; G 8 at d 256: 2 x 4).
+constexpr int mma_max_heads(int d) { return d == 256 ? 4 : 16; }
+struct HeadSlices {
+  int n, width;
+};
+HeadSlices mma_slices(int d, int group) {
+  const int n = ceil_div(group, mma_max_heads(d));
+  return {n, ceil_div(group, n)};
+}
+
+template <int D, int NT1, int CP>
+void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
+                float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st) {
+  const int H = s.layout.num_kv_heads;
+  // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
+  // read the summaries of all heads of the same pages (adjacent in memory) rather than one
+  // head across far pages.
+  const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
+                  unsigned(batch.batch_size));
+  score_mma<D, NT1, CP><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
+      sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
+      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
+}
+
+template <int D, int NT1>
+void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+                   float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
+                   cudaStream_t st) {
+  if (cp == 128)
+    launch_mma<D, NT1, 128>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+  else if (cp == 64)
+    launch_mma<D, NT1, 64>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+  else
+    launch_mma<D, NT1, 32>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+}
+
+// NT1 (n-tiles of 4 heads) from the slice width: 1, 2 or 4 (d 256: 1).
+template <int D>
+void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
+                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
+  const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
+  if constexpr (D == 256) {
+    launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+  } else {
+    if (hsl.width <= 4)
+      launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    else if (hsl.width <= 8)
+      launch_mma_cp<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    else
+      launch_mma_cp<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+  }
+}
+
+template <int D, int CP = 128>
+const void* mma_kernel(int group) {
+  if constexpr (D == 256) {
+    return (const void*)score_mma<D, 1, CP>;
+  } else {
+    const int w = mma_slices(D, group).width;
+    return w <= 4   ? (const void*)score_mma<D, 1, CP>
+           : w <= 8 ? (const void*)score_mma<D, 2, CP>
+                    : (const void*)score_mma<D, 4, CP>;
+  }
+}
+
+template <int D>
+void prepare_d() {
+  for (int g : {4, 8, 16})
+    for (const void* f : {mma_kernel<D, 128>(g), mma_kernel<D, 64>(g), mma_kernel<D, 32>(g)})
+      LOCKS_CUDA_CHECK(
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D>()));
+}
+
+const void* mma_kernel_for(int head_dim, int group) {
+  return head_dim == 256   ? mma_kernel<256>(group)
+         : head_dim == 128 ? mma_kernel<128>(group)
+                           : mma_kernel<64>(group);
+}
+int mma_smem_for(int head_dim) {
+  return head_dim == 256 ? mma_smem<256>() : head_dim == 128 ? mma_smem<128>() : mma_smem<64>();
+}
+
+}  // namespace
+
+void prepare_score_mma() {
+  prepare_d<64>();
+  prepare_d<128>();
+  prepare_d<256>();
+}
+
+void launch_score_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+                      float scale, float* head_scores, float* chunk_lse, int n_chunks,
+                      int chunk_pages, cudaStream_t st) {
+  const int d = s.layout.head_dim;
+  if (d == 256)
+    launch_mma_g<256>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+  else if (d == 128)
+    launch_mma_g<128>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+  else
+    launch_mma_g<64>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+}
+
+int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {
+  int per_sm = 0;
+  LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, mma_kernel_for(head_dim, group), kMmaWarps * 32, size_t(mma_smem_for(head_dim))));
+  const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
+  rows *= mma_slices(head_dim, group).n;  // blocks per (chunk, sequence, KV head)
+  int cp = kScoreChunk;
+  // Halve while the grid would fill less than half a wave (measured v13: at 128K batch 1,
+  // 512 blocks of 128 pages on 792 slots beat 1024 of 64).
+  while (cp > kScoreChunkMin && 2 * rows * ((max_pages + cp - 1) / cp) < slots) cp /= 2;
+  return cp;
+}
+
+}  // namespace locks::cuda::detail
