@@ -15,10 +15,11 @@ namespace locks::cuda::detail {
 namespace {
 
 constexpr int kThreads = 128;
-// Pages a thread (v15; was 1): at 128 pages a block the grid was tens of thousands of blocks
-// of 2 KB each (1M batch 8: 32768), bound by block turnover rather than bytes.
-constexpr int kPagesPerThread = 4;
-constexpr int kTile = kThreads * kPagesPerThread;  // pages a block
+// Pages a thread, chosen per launch (v15b): 4 when one page a thread would make a grid of
+// many waves (1M batch 8: 32768 blocks of 2 KB, bound by block turnover rather than bytes),
+// 1 on small grids, where fewer, longer blocks only add latency (v15 with 4 everywhere: GLM
+// 1M batch 1 aggregation 12.4 -> 19.3 us, 256 blocks for 2 KV heads x G 16).
+constexpr int kManyBlocks = 8192;  // one-page-a-thread blocks above which 4 pages a thread pay
 
 // LSE_h of every (sequence, query head) from the scoring kernel's per-chunk partials: one
 // block per row, so the aggregation blocks read G values instead of G x n_chunks partials.
@@ -75,7 +76,7 @@ __device__ __forceinline__ void warp_head_lse(const float* cl, int n_used, int l
 
 // fused: head_lse is written here (by the tile-0 blocks) from chunk_lse [.., n_used <= 64]
 // instead of being read.
-template <bool kFused>
+template <bool kFused, int kPagesPerThread>
 __global__ void __launch_bounds__(kThreads)
     aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
                      const float* __restrict__ chunk_lse, int n_chunks, int n_used, int M, int Hq,
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   // kPagesPerThread pages a thread, kThreads apart (coalesced), their loads interleaved per
   // head; each page's arithmetic is the one-page-a-thread version's, in the same order.
-  const int j0 = tile * kTile + threadIdx.x;
+  const int j0 = tile * kThreads * kPagesPerThread + threadIdx.x;
   const float* s = hs + (int64_t(b) * Hq + h * G) * M + j0;
   float m[kPagesPerThread];
 #pragma unroll
@@ -136,6 +137,23 @@ __global__ void __launch_bounds__(kThreads)
       o[p * kThreads] = m[p] == kNegInf ? kNegInf : m[p] + logf(sum[p]) - logf(float(G));
 }
 
+template <int kPPT>
+void launch_aggregate_t(const float* head_scores, const float* chunk_lse, int n_chunks, int used,
+                        int M, int batch_size, int Hq, int Hkv, float* head_lse,
+                        float* group_scores, cudaStream_t st) {
+  const dim3 grid(unsigned(ceil_div(M, kThreads * kPPT)), unsigned(Hkv), unsigned(batch_size));
+  const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
+  if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
+    launch_kernel(aggregate_kernel<true, kPPT>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                  chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+    return;
+  }
+  launch_kernel(lse_kernel, dim3(unsigned(Hq), unsigned(batch_size)), dim3(kThreads), 0, st,
+                chunk_lse, n_chunks, used, head_lse);
+  launch_kernel(aggregate_kernel<false, kPPT>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
+                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+}
+
 }  // namespace
 
 void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_chunks,
@@ -143,17 +161,13 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
                       float* group_scores, cudaStream_t st) {
   const int M = batch.max_blocks_per_seq;
   const int used = ceil_div(M, chunk_pages);  // score chunk partials in use
-  const dim3 grid(unsigned(ceil_div(M, kTile)), unsigned(Hkv), unsigned(batch.batch_size));
-  const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
-  if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
-    launch_kernel(aggregate_kernel<true>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-                  chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
-    return;
-  }
-  launch_kernel(lse_kernel, dim3(unsigned(Hq), unsigned(batch.batch_size)), dim3(kThreads), 0, st,
-                chunk_lse, n_chunks, used, head_lse);
-  launch_kernel(aggregate_kernel<false>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+  const int64_t one_page_blocks = int64_t(ceil_div(M, kThreads)) * Hkv * batch.batch_size;
+  if (one_page_blocks > kManyBlocks)
+    launch_aggregate_t<4>(head_scores, chunk_lse, n_chunks, used, M, batch.batch_size, Hq, Hkv,
+                          head_lse, group_scores, st);
+  else
+    launch_aggregate_t<1>(head_scores, chunk_lse, n_chunks, used, M, batch.batch_size, Hq, Hkv,
+                          head_lse, group_scores, st);
 }
 
 }  // namespace locks::cuda::detail
