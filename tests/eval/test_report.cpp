@@ -1,3 +1,4 @@
+#include <unistd.h>
 // Report writers: CSV/JSON/markdown carry every (method, budget) row; plots are produced
 // when gnuplot is installed (and their absence is reported, not fatal).
 #include <gtest/gtest.h>
@@ -40,7 +41,9 @@ std::string slurp(const fs::path& p) {
 TEST(Report, WritesEveryRow) {
   EvalResult r = small_result();
   ASSERT_EQ(r.table.size(), 8u);
-  const fs::path dir = fs::temp_directory_path() / "locks_eval_report_test";
+  // Per process: ctest -j runs tests side by side.
+  const fs::path dir =
+      fs::temp_directory_path() / ("locks_eval_report_test_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   write_csv((dir / "r.csv").string(), r);
