@@ -14,8 +14,13 @@ namespace locks::fuzz {
 
 inline const std::filesystem::path& scratch() {
   static const std::filesystem::path dir = [] {
-    const std::filesystem::path base =
-        std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
+    // fuzz/run.sh gives a folder it removes afterwards (libFuzzer may leave by _Exit, which
+    // skips the atexit clean-up below).
+    const char* given = std::getenv("LOCKS_FUZZ_SCRATCH");
+    const std::filesystem::path base = given && *given ? std::filesystem::path(given)
+                                       : std::filesystem::exists("/dev/shm")
+                                           ? "/dev/shm"
+                                           : std::filesystem::temp_directory_path();
     auto d = base / ("locks_fuzz_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     std::atexit([] {

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 build="${1:-build-fuzz}"
 secs="${2:-45}"
 mkdir -p "$build/fuzz-artifacts"
+base=/dev/shm; [[ -d $base && -w $base ]] || base="${TMPDIR:-/tmp}"
+LOCKS_FUZZ_SCRATCH="$(mktemp -d "$base/locks_fuzz.XXXXXX")"
+export LOCKS_FUZZ_SCRATCH
+trap 'rm -rf "$LOCKS_FUZZ_SCRATCH"' EXIT
 for name in npy capture cli; do
   bin="$build/fuzz/fuzz_$name"
   corpus="fuzz/corpus/$name"

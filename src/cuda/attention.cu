@@ -385,14 +385,20 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   float mx = kNegInf;
 #pragma unroll
   for (int w = 0; w < kMergeWarps; ++w) mx = fmaxf(mx, sm[w]);
+  // A warp's weight is 0 when it saw no logit above -inf; multiplied, not skipped, so that a
+  // NaN sum or output from all-NaN logits still reaches the result (NaN policy, as the other
+  // merges do; identical for finite values).
+  float fw[kMergeWarps];
   float lt = 0.f;
 #pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) lt += sm[w] == kNegInf ? 0.f : sl[w] * exp2f(sm[w] - mx);
+  for (int w = 0; w < kMergeWarps; ++w) {
+    fw[w] = sm[w] == kNegInf ? 0.f : exp2f(sm[w] - mx);
+    lt += sl[w] * fw[w];
+  }
   for (int dim = threadIdx.x; dim < D; dim += blockDim.x) {
     float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < kMergeWarps; ++w)
-      a += sm[w] == kNegInf ? 0.f : sacc[w][dim] * exp2f(sm[w] - mx);
+    for (int w = 0; w < kMergeWarps; ++w) a += sacc[w][dim] * fw[w];
     out[(int64_t(b) * Hq + hq) * D + dim] = a / lt;
   }
   if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;

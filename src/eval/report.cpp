@@ -190,8 +190,10 @@ void write_json(const std::string& path, const EvalResult& r) {
 
 bool write_plots(const std::string& dir, const EvalResult& r, const std::string& title_in,
                  std::string* why) {
-  std::string title = title_in;  // goes inside single quotes in the gnuplot script
-  for (char& c : title)  // quotes, backslashes and control characters would end the string
+  // The title goes inside single quotes in the gnuplot script: quotes, backslashes and
+  // control characters would end the string.
+  std::string title = title_in;
+  for (char& c : title)
     if (c == '\'' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
   const auto methods = present_methods(r);
   // One data file per metric: budget then one column per method ("nan" where missing).

@@ -192,7 +192,9 @@ StagedDir::StagedDir(const std::string& target, bool force) {
     fs::create_directories(parent, ec);
     if (ec) fail("output", parent.string(), "cannot create the folder (" + ec.message() + ")");
   }
-  std::string tmpl = (parent / ("." + p.filename().string() + ".tmp-XXXXXX")).string();
+  std::string name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + s
+  name.append(p.filename().string()).append(".tmp-XXXXXX");
+  std::string tmpl = (parent / name).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr)
