@@ -12,8 +12,9 @@
 // Invariants of every run call:
 //   - no allocation: every buffer of the step lives in the workspace (CPU: per-thread
 //     slices for plan.threads threads; tests/ops counts operator new over 1,000 decode
-//     calls); CUDA: no allocation and no host synchronisation, grids fixed by the plan and
-//     batch.batch_size: capturable in a CUDA graph (summary builds included);
+//     calls; the CPU summary builds are the exception: Eigen's SVD temporaries); CUDA: no
+//     allocation and no host synchronisation, grids fixed by the plan and batch.batch_size:
+//     capturable in a CUDA graph (summary builds included);
 //   - outputs written whole or not at all: arguments are checked before any write (CUDA:
 //     what the host can check; device arrays are trusted like a kernel's inputs);
 //   - the partial tail page of a sequence has no summary and is always attended.
