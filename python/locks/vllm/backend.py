@@ -291,14 +291,15 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
 def _attention_prefix() -> str | None:
     """The prefix of the Attention layer being built: vLLM constructs the impl inside
     Attention.__init__ (which has `prefix`) and passes no layer name to the impl."""
+    from vllm.model_executor.layers.attention import Attention
+
     f = inspect.currentframe()
     try:
         while f is not None:
-            loc = f.f_locals
-            if f.f_code.co_name == "__init__" and "prefix" in loc and isinstance(loc.get("prefix"), str):
-                slf = loc.get("self")
-                if slf is not None and type(slf).__name__ != "LocksAttentionImpl" and hasattr(slf, "layer_name"):
-                    return loc["prefix"]
+            slf = f.f_locals.get("self")
+            if f.f_code.co_name == "__init__" and isinstance(slf, Attention):
+                p = f.f_locals.get("prefix")
+                return p if isinstance(p, str) and p else None
             f = f.f_back
         return None
     finally:
