@@ -11,7 +11,12 @@ def register() -> None:
     heavy (the backend module is imported by vLLM only when CUSTOM is selected)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    import os
+
     e = AttentionBackendEnum.CUSTOM
-    if e.is_overridden() and e.get_path() == BACKEND_PATH:
-        return
-    register_backend(e, BACKEND_PATH)
+    if not (e.is_overridden() and e.get_path() == BACKEND_PATH):
+        register_backend(e, BACKEND_PATH)
+    if os.environ.get("LOCKS_BENCH_SKIP_PREFILL_ATTENTION", "0") == "1":
+        # Benchmark-only mode (bench_backends.py): FLASH_ATTN skips prefill arithmetic like LOCKS.
+        register_backend(AttentionBackendEnum.FLASH_ATTN,
+                         "locks.vllm.bench_backends.SkipPrefillFlashAttentionBackend")

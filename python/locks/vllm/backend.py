@@ -41,6 +41,13 @@ except Exception:  # noqa: BLE001
     flash_attn_varlen_func = None
 
 BLOCK_SIZE = 16
+
+
+def _skip_prefill() -> bool:
+    import os
+
+    return os.environ.get("LOCKS_BENCH_SKIP_PREFILL_ATTENTION", "0") == "1"
+
 _OPS: Any = None
 
 
@@ -280,7 +287,8 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         bt = cm.block_table_tensor[:n_reqs]
         w = min(bt.shape[1], b.block_table.shape[1])
         b.block_table[:n_reqs, :w].copy_(bt[:, :w], non_blocking=True)
-        b.seq_lens[:n_reqs].copy_(cm.seq_lens[:n_reqs], non_blocking=True)
+        # Graph padding rows may carry seq_len 0: clamp to 1 (one valid token, output discarded).
+        torch.clamp(cm.seq_lens[:n_reqs], min=1, out=b.seq_lens[:n_reqs])
         b.seq_lens[n_reqs:].fill_(1)
         dense = (not self.full_graphs) and cm.max_seq_len < self.settings.effective_min_context
         return LocksMetadata(fa=fa, pure_decode=pure, dense=dense, num_reqs=n_reqs,
@@ -405,7 +413,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
         ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
                              slot_mapping=md.slot_mapping[:n])
-        if not md.pure_decode:
+        if not md.pure_decode or n > md.bufs.q.shape[0]:
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
         self._plan(md, k_cache)
         b = md.bufs
@@ -419,6 +427,9 @@ class LocksAttentionImpl(FlashAttentionImpl):
 
     def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output):
         n = fa.num_actual_tokens
+        if fa.max_query_len > 1 and _skip_prefill():  # benchmark-only mode, bench_backends.py
+            output[:n].zero_()
+            return output
         fn = flash_attn_varlen_func
         if fn is None:
             raise RuntimeError("LOCKS backend: vLLM's FlashAttention is not available for prefill")
