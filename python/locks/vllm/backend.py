@@ -85,7 +85,7 @@ def refuse_config(vllm_config) -> list[str]:
     cc = vllm_config.cache_config
     if getattr(cc, "kv_offloading_size", None):
         why.append("KV-cache offloading (--kv-offloading-size) is not supported; unset it")
-    if cc.block_size != BLOCK_SIZE:
+    if cc.block_size is not None and cc.block_size != BLOCK_SIZE:
         why.append(f"--block-size {cc.block_size}: LOCKS pages are {BLOCK_SIZE} tokens; use --block-size 16")
     pc = vllm_config.parallel_config
     if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
