@@ -256,6 +256,9 @@ def latency(args) -> int:
         max_len = max(c for c, _ in cb) + 256
         if model == "llama":
             cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_len)
+        else:  # GLM's limit is its seq_length (1M): the "1M" row uses 1M - 256 prompt tokens
+            max_len = min(max_len, cfg["seq_length"])
+        cb = [(min(c, max_len - 256), b) for c, b in cb]
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
         vocab = cfg.get("padded_vocab_size", cfg.get("vocab_size"))
         runs = []
