@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="locks.hf needs transformers (scripts/python_tests.sh installs it)")
 
 import locks.hf as lhf  # noqa: E402
-from locks import corpus, evaluate, tasks  # noqa: E402
+from locks_lab import corpus, evaluate, tasks  # noqa: E402
 from locks.model import load_smollm2  # noqa: E402
 
 
