@@ -29,6 +29,7 @@ namespace {
 constexpr int kChunkPages = 16;
 constexpr int kAhead = 1;  // pages prefetched ahead (2 measured no better)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 // A page's rows of one head are P runs of d elements, num_kv_heads * d apart: too
 // scattered for the hardware prefetcher, so the next page is requested while this one is
@@ -74,10 +75,20 @@ struct Scratch {
     float* sh = st + h * stride;
     float* acc = sh + 2;
     float mx = kNegInf;
+    bool bad = false;
     for (int s = 0; s < n; ++s) {
       const float x = detail::dot(qh, w.krow[s], d) * scale;
       w.logits[s] = x;
       mx = x > mx ? x : mx;
+      bad |= !(x < kPosInf);  // NaN or +inf (a NaN or Inf in K, or q.k overflowing float)
+    }
+    if (bad) {
+      // The exact softmax of a NaN or +inf logit is NaN. Without this the token would be
+      // dropped silently (the max skips NaN, exp_nonpos(NaN) is 0): poison the state instead
+      // so the head's output and lse are NaN (docs/bad_input.md, NaN policy).
+      sh[1] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(acc, acc + d, std::numeric_limits<float>::quiet_NaN());
+      continue;
     }
     if (mx > sh[0]) {  // new running max: rescale what was accumulated so far
       const float corr = std::exp(sh[0] - mx);
