@@ -56,6 +56,18 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
   const locks::Precision prec = to_precision(precision);
   std::vector<int64_t> out;
   translate_errors([&] {
+    // An unsupported shape is NotImplementedError with the capability query's reason, the
+    // same answer as locks.supports (the layout checks below would call it invalid).
+    if (p.num_q_heads % p.cache.num_kv_heads == 0) {
+      locks::DecodeShape shape;
+      shape.head_dim = p.cache.head_dim;
+      shape.page_size = p.cache.page_size;
+      shape.group = p.num_q_heads / p.cache.num_kv_heads;
+      shape.kv_dtype = p.cache.dtype;
+      shape.rank = r;
+      shape.precision = prec;
+      locks::require_supported(be, shape);
+    }
     p.summary = locks::summary_layout_for(p.cache, r, prec);
     out = plan_decode(be, p).to_ints();
   });
