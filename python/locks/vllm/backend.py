@@ -261,6 +261,13 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                                       max_blocks=self.max_blocks, max_tokens=self.max_tokens,
                                       capacity=cap, workspace_bytes=ws, device=self.device)
+            # Plan every layer's wrapper here, outside any graph capture (plan is host work
+            # that may query the device; run() inside the graph then only launches kernels).
+            sfc = self.vllm_config.compilation_config.static_forward_context
+            for name in self.layer_names:
+                impl = getattr(sfc.get(name), "impl", None)
+                if isinstance(impl, LocksAttentionImpl):
+                    impl.plan_for(self.bufs, self._num_blocks(), self.kv_cache_dtype, self.device)
         return self.bufs
 
     def _num_blocks(self) -> int:
@@ -384,19 +391,20 @@ class LocksAttentionImpl(FlashAttentionImpl):
         vf[sm[keep]] = value[:n][keep].to(vf.dtype)
 
     # -- attention ---------------------------------------------------------------------------
-    def _plan(self, md: LocksMetadata, k_cache: torch.Tensor) -> None:
-        b = md.bufs
-        key = (k_cache.shape[0], b.q.shape[0], b.block_table.shape[1], b.workspace.data_ptr())
+    def plan_for(self, b: "DecodeBuffers", num_blocks: int, kv_dtype: torch.dtype, device) -> None:
+        """Plan this layer's DecodeWrapper over the shared workspace (host side, once per
+        shape; the builder calls it before the first step, forward re-plans only if the cache
+        it is handed has another number of blocks)."""
+        key = (num_blocks, b.q.shape[0], b.block_table.shape[1], b.workspace.data_ptr(), kv_dtype)
         if key == self._plan_key:
             return
         s = self.settings
         w = ops().DecodeWrapper(b.workspace)
         w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
-               page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=k_cache.dtype,
-               num_blocks=k_cache.shape[0], max_batch=b.q.shape[0],
-               max_blocks_per_seq=b.block_table.shape[1], budget_tokens=s.budget,
-               sink_pages=s.sink_pages, recent_pages=s.recent_pages, scale=self.scale,
-               device=k_cache.device)
+               page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
+               num_blocks=num_blocks, max_batch=b.q.shape[0], max_blocks_per_seq=b.block_table.shape[1],
+               budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
+               scale=self.scale, device=device)
         self.wrapper, self._plan_key = w, key
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
@@ -415,8 +423,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
                              slot_mapping=md.slot_mapping[:n])
         if not md.pure_decode or n > md.bufs.q.shape[0]:
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
-        self._plan(md, k_cache)
         b = md.bufs
+        self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
         q32 = b.q[:n]
         q32.copy_(query.view(n, self.num_heads, self.head_size))  # bf16 -> fp32 (kernels take fp32 q)
         self.wrapper.run(q32, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
