@@ -36,21 +36,25 @@ def torch_flash_varlen(*, q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, m
                 out[i, h] = (w @ vv[: pos + 1, h // G]).to(out.dtype)
 
 
+def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None):
+    """One attention layer (impl + side cache + builder) over a CPU cache of NB blocks;
+    ops: the `locks` functions to use (default: the torch reference)."""
+    cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
+                      cudagraph_mode=cudagraph_mode)
+    monkeypatch.setattr(be, "get_current_vllm_config", lambda: cfg)
+    monkeypatch.setattr(be, "flash_attn_varlen_func", torch_flash_varlen)
+    be.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
+    impl = be.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
+    spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
+    builder = be.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
+    kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
+    impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
+    return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
+
+
 @pytest.fixture
 def setup(monkeypatch):
-    def make(locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None):
-        cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
-                          cudagraph_mode=cudagraph_mode)
-        monkeypatch.setattr(be, "get_current_vllm_config", lambda: cfg)
-        monkeypatch.setattr(be, "flash_attn_varlen_func", torch_flash_varlen)
-        be.set_ops(ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
-        impl = be.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
-        spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
-        builder = be.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
-        kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
-        impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
-        return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
-    yield make
+    yield lambda *a, **k: make_setup(monkeypatch, *a, **k)
     be.set_ops(None)
 
 

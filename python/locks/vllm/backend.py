@@ -247,9 +247,10 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
     def _buffers(self) -> DecodeBuffers:
         if self.bufs is None:
             s = self.settings
-            cap = min(-(-s.budget // BLOCK_SIZE), self.max_blocks)
-            ws = 0
             o = ops()
+            cap = (o.ops.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks, s.sink_pages, s.recent_pages)
+                   if hasattr(o, "ops") else min(-(-s.budget // BLOCK_SIZE), self.max_blocks))
+            ws = 0
             if hasattr(o, "workspace_bytes"):
                 ws = o.workspace_bytes(
                     num_q_heads=self.num_heads_q, num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
