@@ -427,7 +427,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
         b = md.bufs
         self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
         q32 = b.q[:n]
-        q32.copy_(query.view(n, self.num_heads, self.head_size))  # bf16 -> fp32 (kernels take fp32 q)
+        q32.copy_(query.reshape(n, self.num_heads, self.head_size))  # bf16 -> fp32 (kernels take fp32 q)
         self.wrapper.run(q32, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
                          out=b.out[:n], lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
                          dense=md.dense)
