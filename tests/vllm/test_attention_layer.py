@@ -10,18 +10,19 @@ from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
 import locks.vllm.backend as be
+import locks.vllm.library as lib
 from locks.vllm import reference as ref
 
 
 @pytest.fixture
 def vc():
-    be.set_ops(ref.ReferenceOps(8))
+    lib.set_ops(ref.ReferenceOps(8))
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # vLLM builds layers under the model dtype
     c = VllmConfig(device_config=DeviceConfig(device="cpu"))
     yield c
     torch.set_default_dtype(old)
-    be.set_ops(None)
+    lib.set_ops(None)
 
 
 def test_layers_register_side_caches_in_one_group(vc):

@@ -10,6 +10,9 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 import locks.vllm.backend as be
+import locks.vllm.builder as bd
+import locks.vllm.impl as im
+import locks.vllm.library as lib
 from locks.vllm import reference as ref
 from locks.vllm.side_cache import side_layer_name
 
@@ -41,12 +44,12 @@ def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=
     ops: the `locks` functions to use (default: the torch reference)."""
     cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
                       cudagraph_mode=cudagraph_mode)
-    monkeypatch.setattr(be, "get_current_vllm_config", lambda: cfg)
-    monkeypatch.setattr(be, "flash_attn_varlen_func", torch_flash_varlen)
-    be.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
-    impl = be.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
+    monkeypatch.setattr(im, "get_current_vllm_config", lambda: cfg)
+    monkeypatch.setattr(im, "flash_attn_varlen_func", torch_flash_varlen)
+    lib.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
+    impl = im.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
     spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
-    builder = be.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
+    builder = bd.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
     kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
     impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
     return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
@@ -55,7 +58,7 @@ def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=
 @pytest.fixture
 def setup(monkeypatch):
     yield lambda *a, **k: make_setup(monkeypatch, *a, **k)
-    be.set_ops(None)
+    lib.set_ops(None)
 
 
 LAYER = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1))
@@ -166,7 +169,7 @@ def test_impl_refusals(setup):
 def test_cudagraph_support_level():
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    assert be.LocksMetadataBuilder.get_cudagraph_support(None, None) == \
+    assert bd.LocksMetadataBuilder.get_cudagraph_support(None, None) == \
         AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     from locks.vllm.side_cache import LocksSummaryMetadataBuilder
 

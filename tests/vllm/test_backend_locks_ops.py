@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import locks.vllm.backend as be
+import locks.vllm.library as lib
 from locks.vllm import reference as ref
 
 try:
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(not HAVE_OPS, reason="the compiled locks operato
 @pytest.fixture(autouse=True)
 def _reset_ops():
     yield
-    be.set_ops(None)
+    lib.set_ops(None)
 
 
 def _make(monkeypatch, locks_cfg):

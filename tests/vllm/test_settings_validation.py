@@ -3,7 +3,8 @@ import torch
 
 from vllm.platforms.interface import DeviceCapability
 
-from locks.vllm.backend import LocksAttentionBackend, refuse_config
+from locks.vllm.backend import LocksAttentionBackend
+from locks.vllm.engine_config import refuse_config
 from locks.vllm.settings import LocksSettings, parse_settings
 
 from helpers import fake_config
