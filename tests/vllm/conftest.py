@@ -24,7 +24,7 @@ except Exception as e:  # noqa: BLE001
 
 if HAVE_VLLM:
     try:
-        import locks  # noqa: F401
+        import locks  # noqa: F401  (the installed package, with its compiled operators)
     except ImportError:
         pkg = types.ModuleType("locks")
         pkg.__path__ = [os.path.join(ROOT, "python", "locks")]

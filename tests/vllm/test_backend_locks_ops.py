@@ -1,12 +1,9 @@
 """The backend impl on the compiled `locks` CPU operators (skipped where `locks` is not built):
 the same steps as test_backend_cpu, checked against the torch reference over the pages the
 operators selected (so selection near-ties cannot make it flaky)."""
-import math
-
 import pytest
 import torch
 
-import locks.vllm.backend as be
 import locks.vllm.library as lib
 from locks.vllm import reference as ref
 
@@ -17,7 +14,7 @@ try:
 except ImportError:
     HAVE_OPS = False
 
-from test_backend_cpu import LAYER, H, HQ, P, dense_of, full_blocks, step, tables  # noqa: F401
+from test_backend_cpu import H, dense_of, full_blocks, step, tables
 import test_backend_cpu as tb
 
 pytestmark = pytest.mark.skipif(not HAVE_OPS, reason="the compiled locks operators are not installed")

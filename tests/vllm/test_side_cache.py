@@ -1,5 +1,3 @@
-import types
-
 import torch
 
 from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
