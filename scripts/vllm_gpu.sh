@@ -52,6 +52,7 @@ for p in "${phases[@]}"; do
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
     latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
+        ${LOCKS_GLM_KV_GROUPS:+--glm-kv-groups $LOCKS_GLM_KV_GROUPS} \
         --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;
     latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
         --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;

@@ -253,6 +253,9 @@ def latency(args) -> int:
     for model, cb in by_model.items():
         d = tempfile.mkdtemp(prefix=f"{model}_")
         cfg = dict(MODELS[model])
+        if model == "glm" and args.glm_kv_groups:  # the byte targets assumed 2
+            cfg["multi_query_group_num"] = args.glm_kv_groups
+            SHAPES["glm"] = (40, args.glm_kv_groups, 128, SHAPES["glm"][3])
         max_len = max(c for c, _ in cb) + 256
         if model == "llama":
             cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_len)
@@ -302,7 +305,7 @@ def latency(args) -> int:
         lk = r.get("CUSTOM", {}).get("tpot_ms", float("nan"))
         print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} {fa:>10.3f} {lk:>12.3f} "
               f"{r.get('speedup', float('nan')):>8.2f} {r['bytes_ratio']:>10.2f}")
-    meta = {"skip_prefill_attention": args.skip_prefill, "budget": args.budget, "runner_v2": args.runner,
+    meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget, "runner_v2": args.runner,
             "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
             "prefix_caching": True, "rows": table}
     json.dump(meta, open(os.path.join(args.out, "vllm_latency.json"), "w"), indent=1)
@@ -331,6 +334,8 @@ def main(argv=None) -> int:
     lt.add_argument("--fa-splits", type=int, default=32)
     lt.add_argument("--runner", default="1")
     lt.add_argument("--timeout", type=int, default=420)
+    lt.add_argument("--glm-kv-groups", type=int, default=0,
+                    help="override GLM's multi_query_group_num (published 1M config: 4)")
     lt.add_argument("--no-skip-prefill", dest="skip_prefill", action="store_false")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
