@@ -167,10 +167,31 @@ def smoke(args) -> int:
     return 0 if ok else 1
 
 
+def passkey_prompt(tok, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str]:
+    """(token ids, key): the passkey task (RULER style, as locks_lab.tasks words it) in at most
+    n_tokens tokens, the key at the given relative depth of the filler."""
+    import random
+
+    key = str(random.Random(seed).randint(10000, 99999))
+    head = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+            "I will quiz you about the important information there.\n\n")
+    filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    tail = "\nWhat is the pass key? The pass key is"
+    enc = lambda t: tok(t, add_special_tokens=False).input_ids  # noqa: E731
+    per = len(enc(filler))
+    k = max(1, (n_tokens - len(enc(head + needle + tail))) // per)
+    while True:
+        body = [filler] * k
+        body.insert(int(round(depth * k)), needle)
+        ids = enc(head + "".join(body) + tail)
+        if len(ids) <= n_tokens or k == 1:
+            return ids, key
+        k -= 1
+
+
 def correct(args) -> int:
     from transformers import AutoTokenizer
-
-    from locks import tasks
 
     folder = smollm2_folder()
     tok = AutoTokenizer.from_pretrained(folder)
@@ -178,9 +199,9 @@ def correct(args) -> int:
     ids = tok(text, add_special_tokens=False).input_ids
     lens = [37, 100, 250, 513, 777, 1024, 1500, 2047]            # ragged batch of 8
     ragged = [ids[i * 97: i * 97 + n] for i, n in enumerate(lens)]
-    pk_tasks = [tasks.passkey(tok, n, depth=d, seed=s) for n, d, s in
+    pk_tasks = [passkey_prompt(tok, n, depth=d, seed=s) for n, d, s in
                 [(4000, 0.3, 1), (6000, 0.5, 2), (7900, 0.7, 3)]]
-    passkeys = [tok(t.prompt, add_special_tokens=False).input_ids for t in pk_tasks]
+    passkeys = [t[0] for t in pk_tasks]
     base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
                 gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
     report, ok = {"configs": {}}, True
@@ -212,12 +233,12 @@ def correct(args) -> int:
                              additional_config={"locks": {"budget": 512}}),
                              [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}], env, args.out)
             fa_pk = fa["runs"][-1]["tokens"]
-            got = {"prompt_tokens": [len(p) for p in passkeys], "answers": [t.answers[0] for t in pk_tasks],
+            got = {"prompt_tokens": [len(p) for p in passkeys], "answers": [t[1] for t in pk_tasks],
                    "flash_attn": [tok.decode(t) for t in fa_pk]}
             if lk5 is not None:
                 got["locks_b512"] = [tok.decode(t) for t in lk5["runs"][0]["tokens"]]
-                got["flash_attn_found"] = [t.score(c) for t, c in zip(pk_tasks, got["flash_attn"])]
-                got["locks_found"] = [t.score(c) for t, c in zip(pk_tasks, got["locks_b512"])]
+                got["flash_attn_found"] = [t[1] in c for t, c in zip(pk_tasks, got["flash_attn"])]
+                got["locks_found"] = [t[1] in c for t, c in zip(pk_tasks, got["locks_b512"])]
                 ok &= got["flash_attn_found"] == got["locks_found"]
             else:
                 ok = False
