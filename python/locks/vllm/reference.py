@@ -1,0 +1,174 @@
+"""Pure-torch reference of the decode step the plugin runs (docs/method.md), float64 inside:
+fp32 summary build, scoring from summaries, GQA share-averaging, budgeted selection with the
+tail page always attended, exact attention over the selected pages, and the slot rule of
+summary updates. It lets the plugin be tested on CPU without the compiled operators, and it
+is what the compiled `locks.DecodeWrapper` must agree with (tests/vllm).
+
+Layouts are the library's (python/locks/ops.py): k/v [num_blocks, P, H, d], block_table
+[B, max_blocks] int32, seq_lens [B] int32, q [B, Hq, d]; fp32 summaries mu [N, H, d],
+basis [N, H, r, d], coeff [N, H, P, r].
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def filled_blocks(slot_mapping: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Physical blocks whose last slot this step wrote (slot = block * P + offset, -1 =
+    padding): the blocks whose summary must be (re)built. Sorted, unique."""
+    s = slot_mapping.reshape(-1).to(torch.int64)
+    s = s[s >= 0]
+    return torch.unique(s[s % page_size == page_size - 1] // page_size)
+
+
+def build_summaries(k_cache: torch.Tensor, block_ids: torch.Tensor, summaries, rank: int) -> None:
+    """fp32 summaries of the given full blocks: centroid, top-r right singular vectors of the
+    deviations, coefficients (docs/method.md)."""
+    mu, basis, coeff = summaries
+    for b in block_ids.tolist():
+        k = k_cache[b].to(torch.float64)                 # [P, H, d]
+        for h in range(k.shape[1]):
+            kh = k[:, h, :]
+            m = kh.mean(0)
+            dev = kh - m
+            _, _, vh = torch.linalg.svd(dev, full_matrices=False)
+            v = vh[:rank]                                # [r, d]
+            mu[b, h] = m.to(mu.dtype)
+            basis[b, h] = v.to(basis.dtype)
+            coeff[b, h] = (dev @ v.T).to(coeff.dtype)    # [P, r]
+
+
+def summary_update(k_cache, summaries, slot_mapping, rank: int) -> None:
+    build_summaries(k_cache, filled_blocks(slot_mapping, k_cache.shape[1]), summaries, rank)
+
+
+def _num_pages(n: int, P: int) -> int:
+    return -(-n // P)
+
+
+def select(q, summaries, block_table, seq_lens, budget: int, sink_pages: int = 0,
+           recent_pages: int = 0, scale: float | None = None):
+    """Logical page indices selected per (sequence, KV head): a list over the batch of
+    [H] lists of sorted page indices."""
+    mu, basis, coeff = (t.to(torch.float64) for t in summaries)
+    B, Hq, d = q.shape
+    H, P = mu.shape[1], coeff.shape[2]
+    G = Hq // H
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k_slots = budget // P
+    out = []
+    for b in range(B):
+        n = int(seq_lens[b])
+        npages = _num_pages(n, P)
+        full = n // P
+        tail = [npages - 1] if n % P else []
+        per_head = []
+        for h in range(H):
+            if n <= budget:
+                per_head.append(list(range(npages)))
+                continue
+            forced = set(tail)
+            forced.update(range(min(sink_pages, full)))
+            forced.update(range(max(0, full - recent_pages), full))
+            blocks = block_table[b, :full].to(torch.int64)
+            qh = q[b, h * G:(h + 1) * G].to(torch.float64)           # [G, d]
+            # s_j = log sum_i exp((q.mu_j + (V_j q).c_i) * scale), per query head
+            qm = qh @ mu[blocks, h].T                                  # [G, full]
+            vq = torch.einsum("jrd,gd->gjr", basis[blocks, h], qh)    # [G, full, r]
+            e = qm[:, :, None] + torch.einsum("gjr,jpr->gjp", vq, coeff[blocks, h])
+            s = torch.logsumexp(e * scale, dim=-1)                    # [G, full]
+            share = torch.softmax(s, dim=-1).mean(0)                   # share-averaging
+            order = sorted(range(full), key=lambda j: (-float(share[j]), j))
+            chosen = set(forced)
+            for j in order:
+                if len(chosen) >= k_slots:
+                    break
+                chosen.add(j)
+            per_head.append(sorted(chosen))
+        out.append(per_head)
+    return out
+
+
+def attend(q, k_cache, v_cache, block_table, seq_lens, pages=None, scale: float | None = None):
+    """Exact attention of q [B, Hq, d] over the given logical pages (None: all of them).
+    Returns (out [B, Hq, d], lse [B, Hq]) in float64."""
+    B, Hq, d = q.shape
+    P, H = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // H
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(B, Hq, d, dtype=torch.float64)
+    lse = torch.zeros(B, Hq, dtype=torch.float64)
+    for b in range(B):
+        n = int(seq_lens[b])
+        for h in range(H):
+            pg = list(range(_num_pages(n, P))) if pages is None else pages[b][h]
+            tok = torch.tensor([p * P + i for p in pg for i in range(P) if p * P + i < n])
+            blk = block_table[b].to(torch.int64)[tok // P]
+            k = k_cache[blk, tok % P, h].to(torch.float64)      # [T, d]
+            v = v_cache[blk, tok % P, h].to(torch.float64)
+            for g in range(G):
+                qh = q[b, h * G + g].to(torch.float64)
+                logits = (k @ qh) * scale
+                lse[b, h * G + g] = torch.logsumexp(logits, 0)
+                out[b, h * G + g] = torch.softmax(logits, 0) @ v
+    return out, lse
+
+
+def decode(q, k_cache, v_cache, summaries, block_table, seq_lens, budget, sink_pages=0,
+           recent_pages=0, scale=None, dense=False):
+    pages = None if dense else select(q, summaries, block_table, seq_lens, budget, sink_pages,
+                                      recent_pages, scale)
+    return attend(q, k_cache, v_cache, block_table, seq_lens, pages, scale)
+
+
+class ReferenceWrapper:
+    """The `locks.DecodeWrapper` interface (SPEC.md) over this reference, fp32 summaries:
+    what the plugin's CPU tests plug in instead of the compiled operators."""
+
+    def __init__(self, workspace: torch.Tensor):
+        self.workspace = workspace
+        self.capacity = 0
+        self.runs = []  # (batch, dense) of every run: lets tests see which path ran
+
+    def plan(self, *, num_q_heads, num_kv_heads, head_dim, page_size=16, rank=8, precision="fp32",
+             kv_dtype=torch.bfloat16, num_blocks, max_batch, max_blocks_per_seq,
+             budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu"):
+        self.budget, self.sink, self.recent, self.scale = budget_tokens, sink_pages, recent_pages, scale
+        self.rank = rank
+        self.capacity = min(-(-budget_tokens // page_size), max_blocks_per_seq)
+
+    def run(self, q, k_cache, v_cache, summaries, block_table, seq_lens, *, out=None, lse=None,
+            pages=None, counts=None, dense=False):
+        self.runs.append((q.shape[0], dense))
+        o, l = decode(q, k_cache, v_cache, summaries, block_table, seq_lens, self.budget,
+                      self.sink, self.recent, self.scale, dense)
+        out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
+        lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
+        out.copy_(o)
+        lse.copy_(l)
+        return out, lse
+
+
+class ReferenceOps:
+    """The `locks` functions the plugin calls, over this reference (CPU tests)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.updates = 0
+
+    DecodeWrapper = ReferenceWrapper
+
+    def summary_update(self, k_cache, block_table, seq_lens, summaries, slot_mapping=None):
+        self.updates += 1
+        summary_update(k_cache, summaries, slot_mapping, self.rank)
+
+    @staticmethod
+    def supports(backend, *, head_dim, page_size=16, group=1, kv_dtype=torch.bfloat16, rank=8,
+                 precision="int4"):
+        if head_dim not in (64, 128, 256):
+            return False, f"head_dim {head_dim} not in (64, 128, 256)"
+        if group > 32:
+            return False, f"GQA group {group} > 32"
+        return True, ""

@@ -1,0 +1,100 @@
+"""Settings of the LOCKS vLLM backend: `additional_config={"locks": {...}}` and/or
+environment variables (the environment wins, so one `vllm serve` line can be varied per run).
+
+vLLM has no per-backend options, so these ride on `additional_config` (a free-form dict every
+process receives with the VllmConfig). Validation happens once, at start-up, with messages that
+name the setting and what to do.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+PRECISIONS = ("int4", "fp32")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocksSettings:
+    budget: int = 2048        # tokens attended per (sequence, KV head) in a decode step
+    rank: int = 8             # summary rank r (1 <= r < block size)
+    precision: str = "int4"   # summary storage: int4 (836 B per page and head at d=128) or fp32
+    sink_pages: int = 0       # first pages always attended
+    recent_pages: int = 0     # last full pages always attended (the partial tail always is)
+    # Decode stays dense (LOCKS dense kernel over every page) while the longest sequence of the
+    # step is shorter than this. None = the budget: below the budget selection keeps every page
+    # anyway, so that default costs nothing and changes nothing.
+    min_context: int | None = None
+
+    @property
+    def effective_min_context(self) -> int:
+        return self.budget if self.min_context is None else self.min_context
+
+
+ENV = {  # setting -> environment variable
+    "budget": "LOCKS_BUDGET",
+    "rank": "LOCKS_RANK",
+    "precision": "LOCKS_PRECISION",
+    "sink_pages": "LOCKS_SINK_PAGES",
+    "recent_pages": "LOCKS_RECENT_PAGES",
+    "min_context": "LOCKS_MIN_CONTEXT",
+}
+
+
+def _as_int(name: str, v: Any, source: str) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"locks setting {name!r} ({source}) must be an integer, got {v!r}")
+    try:
+        i = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"locks setting {name!r} ({source}) must be an integer, got {v!r}") from None
+    if isinstance(v, float) and v != i:
+        raise ValueError(f"locks setting {name!r} ({source}) must be an integer, got {v!r}")
+    return i
+
+
+def parse_settings(additional_config: dict | None, environ: dict | None = None,
+                   block_size: int = 16) -> LocksSettings:
+    """Merge additional_config["locks"] and LOCKS_* environment variables; raise ValueError
+    naming the setting on anything unknown or out of range."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]] = {}
+    cfg = (additional_config or {}).get("locks", {})
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f'additional_config["locks"] must be a dict of settings, got {type(cfg).__name__}')
+    fields = {f.name for f in dataclasses.fields(LocksSettings)}
+    for k, v in cfg.items():
+        if k not in fields:
+            raise ValueError(f'unknown locks setting {k!r} in additional_config["locks"]; '
+                             f"known: {sorted(fields)}")
+        raw[k] = (v, f'additional_config["locks"]["{k}"]')
+    for k, var in ENV.items():
+        if var in environ and environ[var] != "":
+            raw[k] = (environ[var], f"environment {var}")
+    vals: dict[str, Any] = {}
+    for k, (v, src) in raw.items():
+        if k == "precision":
+            if v not in PRECISIONS:
+                raise ValueError(f"locks setting 'precision' ({src}) must be one of {PRECISIONS}, got {v!r}")
+            vals[k] = v
+        elif k == "min_context" and (v is None or (isinstance(v, str) and v.lower() == "none")):
+            vals[k] = None
+        else:
+            vals[k] = _as_int(k, v, src)
+    s = LocksSettings(**vals)
+    P = block_size
+    if not 1 <= s.rank < P:
+        raise ValueError(f"locks setting 'rank' must be in [1, block_size) = [1, {P}), got {s.rank}")
+    if s.sink_pages < 0 or s.recent_pages < 0:
+        raise ValueError(f"locks settings 'sink_pages'/'recent_pages' must be >= 0, got "
+                         f"{s.sink_pages}/{s.recent_pages}")
+    if s.budget // P < s.sink_pages + s.recent_pages + 1:
+        raise ValueError(
+            f"locks setting 'budget' = {s.budget} tokens gives {s.budget // P} pages of {P}: fewer than "
+            f"sink_pages ({s.sink_pages}) + recent_pages ({s.recent_pages}) + 1 tail page; raise the "
+            f"budget to at least {(s.sink_pages + s.recent_pages + 1) * P}")
+    if s.min_context is not None and s.min_context < 0:
+        raise ValueError(f"locks setting 'min_context' must be >= 0 or None, got {s.min_context}")
+    return s

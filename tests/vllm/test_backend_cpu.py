@@ -1,0 +1,181 @@
+"""The backend's metadata builder and impl on CPU tensors, with the torch reference standing
+in for the compiled operators and a torch paged attention standing in for FlashAttention."""
+import math
+import types
+
+import pytest
+import torch
+
+from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+import locks.vllm.backend as be
+import locks.vllm.builder as bd
+import locks.vllm.impl as im
+import locks.vllm.library as lib
+from locks.vllm import reference as ref
+from locks.vllm.side_cache import side_layer_name
+
+from helpers import common_metadata, fake_config
+
+HQ, H, D, P, NB = 8, 2, 128, 16, 64
+NAME = "model.layers.0.self_attn.attn"
+
+
+def torch_flash_varlen(*, q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k,
+                       softmax_scale, causal, block_table, **_):
+    """Causal paged attention (what vLLM's flash_attn_varlen_func computes), float64 inside."""
+    G = q.shape[1] // k.shape[2]
+    for b in range(cu_seqlens_q.shape[0] - 1):
+        a, e = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        n = int(seqused_k[b])
+        blocks = block_table[b, : -(-n // P)].long()
+        kk = k[blocks].reshape(-1, k.shape[2], D)[:n].double()
+        vv = v[blocks].reshape(-1, k.shape[2], D)[:n].double()
+        for i in range(a, e):
+            pos = n - (e - a) + (i - a)
+            for h in range(q.shape[1]):
+                w = torch.softmax(kk[: pos + 1, h // G] @ q[i, h].double() * softmax_scale, 0)
+                out[i, h] = (w @ vv[: pos + 1, h // G]).to(out.dtype)
+
+
+def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None):
+    """One attention layer (impl + side cache + builder) over a CPU cache of NB blocks;
+    ops: the `locks` functions to use (default: the torch reference)."""
+    cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
+                      cudagraph_mode=cudagraph_mode)
+    monkeypatch.setattr(im, "get_current_vllm_config", lambda: cfg)
+    monkeypatch.setattr(im, "flash_attn_varlen_func", torch_flash_varlen)
+    lib.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
+    impl = im.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
+    spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
+    builder = bd.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
+    kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
+    impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
+    return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
+
+
+@pytest.fixture
+def setup(monkeypatch):
+    yield lambda *a, **k: make_setup(monkeypatch, *a, **k)
+    lib.set_ops(None)
+
+
+LAYER = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1))
+
+
+def step(s, block_table, query_lens, seq_lens, gen):
+    cm = common_metadata(query_lens, seq_lens, block_table)
+    n = cm.num_actual_tokens
+    q = torch.randn(n, HQ, D, generator=gen).to(torch.bfloat16)
+    k = torch.randn(n, H, D, generator=gen).to(torch.bfloat16)
+    v = torch.randn(n, H, D, generator=gen).to(torch.bfloat16)
+    s.impl.do_kv_cache_update(LAYER, k, v, s.kv, cm.slot_mapping)
+    md = s.builder.build(0, cm)
+    out = torch.zeros(n, HQ * D, dtype=torch.bfloat16)
+    s.impl.forward(LAYER, q, k, v, s.kv, md, out)
+    return cm, md, q, out.view(n, HQ, D)
+
+
+def tables():
+    perm = torch.randperm(NB, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    return torch.stack([perm[:32], perm[32:64]])
+
+
+def full_blocks(bt, lens):
+    return sorted(int(bt[b, j]) for b, n in enumerate(lens) for j in range(n // P))
+
+
+def check_summaries(s, blocks):
+    mu, basis, coeff = s.impl.side.summaries()
+    want = tuple(torch.zeros_like(t) for t in (mu, basis, coeff))
+    ref.build_summaries(s.kv[0], torch.tensor(blocks), want, 8)
+    for b in blocks:
+        assert torch.allclose(mu[b], want[0][b]) and torch.allclose(coeff[b].abs(), want[2][b].abs(), atol=1e-5)
+
+
+def test_prefill_then_sparse_decode(setup):
+    s = setup({"precision": "fp32", "budget": 64})
+    bt, gen = tables(), torch.Generator().manual_seed(0)
+    # Prefill (FlashAttention path), ragged: 100 and 37 tokens.
+    cm, md, q, out = step(s, bt, [100, 37], [100, 37], gen)
+    assert not md.pure_decode
+    want = torch.zeros(137, HQ, D, dtype=torch.bfloat16)
+    torch_flash_varlen(q=q, k=s.kv[0], v=s.kv[1], out=want, cu_seqlens_q=cm.query_start_loc,
+                       max_seqlen_q=100, seqused_k=cm.seq_lens, max_seqlen_k=100,
+                       softmax_scale=1 / math.sqrt(D), causal=True, block_table=bt)
+    assert torch.equal(out, want)
+    check_summaries(s, full_blocks(bt, [100, 37]))          # 6 + 2 blocks filled by the prefill
+    # Builder output: persistent int32 copies, padding past this step.
+    assert md.slot_mapping[:137].tolist() == cm.slot_mapping.tolist()
+    assert (md.slot_mapping[137:] == -1).all() and md.slot_mapping.dtype == torch.int32
+    # Decode step (LOCKS path): budget 64 < 101 tokens -> sequence 0 is sparse.
+    cm, md, q, out = step(s, bt, [1, 1], [101, 38], gen)
+    assert md.pure_decode and not md.dense and md.num_reqs == 2
+    assert torch.equal(md.block_table[:2], bt) and md.seq_lens[:2].tolist() == [101, 38]
+    assert (md.seq_lens[2:] == 1).all()                      # padded rows stay valid
+    sm = s.impl.side.summaries()
+    want, _ = ref.decode(q.float(), s.kv[0], s.kv[1], sm, bt, cm.seq_lens, budget=64)
+    dense = dense_of(s, q, bt, cm.seq_lens)
+    tol = 2 ** -7  # bf16 output rounding (8 significant bits) of values |x| < 1
+    assert (out.double() - want).abs().max() < tol
+    assert (want[0] - dense[0]).abs().max() > 10 * tol       # sequence 0 really was sparse
+    assert (out[1].double() - dense[1]).abs().max() < tol    # 38 tokens <= budget: dense
+    # Next step writes slot 15 of sequence 1's third block: its summary is rebuilt.
+    for t in range(38, 48):
+        step(s, bt, [1, 1], [102 + t - 38, t + 1], gen)
+    check_summaries(s, full_blocks(bt, [111, 48]))
+
+
+def dense_of(s, q, bt, lens):
+    out, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt, lens)
+    return out
+
+
+def test_budget_at_least_context_is_dense(setup):
+    s = setup({"precision": "fp32", "budget": 512})
+    bt, gen = tables(), torch.Generator().manual_seed(1)
+    step(s, bt, [90, 200], [90, 200], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [91, 201], gen)
+    assert md.pure_decode
+    assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7
+
+
+def test_min_context_dense_switch_eager_only(setup):
+    s = setup({"precision": "fp32", "budget": 64, "min_context": 4096})
+    bt, gen = tables(), torch.Generator().manual_seed(2)
+    step(s, bt, [100, 37], [100, 37], gen)
+    _, md, _, _ = step(s, bt, [1, 1], [101, 38], gen)
+    assert md.dense and s.impl.wrapper.runs[-1] == (2, True)
+    with pytest.raises(ValueError, match="min_context"):
+        setup({"precision": "fp32", "budget": 64, "min_context": 4096},
+              cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+
+
+def test_side_cache_registered_under_the_layer_name(setup):
+    s = setup({"precision": "fp32"})
+    assert s.cfg.compilation_config.static_forward_context[side_layer_name(NAME)] is s.impl.side
+    spec = s.impl.side.get_kv_cache_spec(s.cfg)
+    assert spec.block_size == P and spec.page_size_bytes == s.impl.geom.page_bytes
+
+
+def test_impl_refusals(setup):
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        setup({}, window=4096)
+    with pytest.raises(NotImplementedError, match="GQA group 33"):
+        setup({}, heads=66)
+
+
+def test_cudagraph_support_level():
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    assert bd.LocksMetadataBuilder.get_cudagraph_support(None, None) == \
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    from locks.vllm.side_cache import LocksSummaryMetadataBuilder
+
+    assert LocksSummaryMetadataBuilder.get_cudagraph_support(None, None) == AttentionCGSupport.ALWAYS
+
+
+def test_kv_layout_gives_contiguous_k_and_v():
+    kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(10, P, H, D))
+    assert kv[0].is_contiguous() and kv[1].is_contiguous() and tuple(kv[0].shape) == (10, P, H, D)

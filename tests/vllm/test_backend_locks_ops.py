@@ -1,0 +1,60 @@
+"""The backend impl on the compiled `locks` CPU operators (skipped where `locks` is not built):
+the same steps as test_backend_cpu, checked against the torch reference over the pages the
+operators selected (so selection near-ties cannot make it flaky)."""
+import pytest
+import torch
+
+import locks.vllm.library as lib
+from locks.vllm import reference as ref
+
+try:
+    import locks
+
+    HAVE_OPS = hasattr(locks, "DecodeWrapper")
+except ImportError:
+    HAVE_OPS = False
+
+from test_backend_cpu import H, dense_of, full_blocks, step, tables
+import test_backend_cpu as tb
+
+pytestmark = pytest.mark.skipif(not HAVE_OPS, reason="the compiled locks operators are not installed")
+
+
+@pytest.fixture(autouse=True)
+def _reset_ops():
+    yield
+    lib.set_ops(None)
+
+
+def _make(monkeypatch, locks_cfg):
+    return tb.make_setup(monkeypatch, locks_cfg, ops=locks)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_real_ops_sparse_decode_matches_reference_over_selected_pages(monkeypatch, precision):
+    s = _make(monkeypatch, {"precision": precision, "budget": 64})
+    bt, gen = tables(), torch.Generator().manual_seed(0)
+    step(s, bt, [100, 37], [100, 37], gen)
+    if precision == "fp32":  # the operators' summaries of the filled blocks: centroids exact
+        mu = s.impl.side.summaries()[0]
+        for b in full_blocks(bt, [100, 37]):
+            assert torch.allclose(mu[b], s.kv[0][b].float().mean(0), atol=1e-6)
+    cm, md, q, out = step(s, bt, [1, 1], [101, 38], gen)
+    assert md.pure_decode
+    b = md.bufs
+    pages = [[[int(x) for x in b.pages[i, h, : int(b.counts[i, h])]] for h in range(H)] for i in range(2)]
+    assert pages[0][0][-1] == 6 and len(pages[0][0]) == 4      # tail page (101 = 6*16 + 5) + 3
+    assert pages[1] == [[0, 1, 2], [0, 1, 2]]                  # 38 tokens <= budget: all pages
+    want, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt, cm.seq_lens, pages)
+    assert (out.double() - want).abs().max() < 2 ** -7          # bf16 output rounding
+    assert (b.out[:2].double() - want).abs().max() < 1e-5       # fp32 kernel output
+    dense = dense_of(s, q, bt, cm.seq_lens)
+    assert (want[0] - dense[0]).abs().max() > 1e-2              # really sparse
+
+
+def test_real_ops_budget_at_least_context_is_dense(monkeypatch):
+    s = _make(monkeypatch, {"precision": "int4", "budget": 512})
+    bt, gen = tables(), torch.Generator().manual_seed(1)
+    step(s, bt, [90, 200], [90, 200], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [91, 201], gen)
+    assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7

@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from vllm.platforms.interface import DeviceCapability
+
+from locks.vllm.backend import LocksAttentionBackend
+from locks.vllm.engine_config import refuse_config
+from locks.vllm.settings import LocksSettings, parse_settings
+
+from helpers import fake_config
+
+H200 = DeviceCapability(9, 0)
+
+
+def validate(**kw):
+    args = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False,
+                has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=H200, attn_type="decoder")
+    args.update(kw)
+    return LocksAttentionBackend.validate_configuration(**args)
+
+
+def test_settings_defaults_and_sources():
+    assert parse_settings({}, environ={}) == LocksSettings()
+    s = parse_settings({"locks": {"budget": 512, "rank": 4, "precision": "fp32"}}, environ={})
+    assert (s.budget, s.rank, s.precision) == (512, 4, "fp32")
+    assert s.effective_min_context == 512
+    s = parse_settings({"locks": {"budget": 512}}, environ={"LOCKS_BUDGET": "1024", "LOCKS_MIN_CONTEXT": "4096"})
+    assert s.budget == 1024 and s.effective_min_context == 4096  # the environment wins
+
+
+@pytest.mark.parametrize("cfg,msg", [
+    ({"budget": 15}, "budget"), ({"rank": 16}, "rank"), ({"rank": 0}, "rank"),
+    ({"precision": "int8"}, "precision"), ({"budgett": 1}, "unknown locks setting"),
+    ({"budget": "lots"}, "integer"), ({"budget": 32, "sink_pages": 1, "recent_pages": 1}, "budget"),
+    ({"sink_pages": -1}, "sink_pages"), ({"budget": True}, "integer"),
+])
+def test_settings_refused_with_the_setting_named(cfg, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_settings({"locks": cfg}, environ={})
+
+
+def test_validate_accepts_a_plain_decoder():
+    assert validate() == []
+    assert validate(dtype=torch.float16, kv_cache_dtype="float16") == []
+    assert validate(kv_cache_dtype="bfloat16") == []
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"has_sliding_window": True}, "sliding-window"),
+    ({"has_sink": True}, "attention-sink"),
+    ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8"),
+    ({"kv_cache_dtype": "float16"}, "--kv-cache-dtype float16"),   # bf16 model, fp16 cache
+    ({"use_kv_connector": True}, "KV connectors"),
+    ({"block_size": 32}, "--block-size 32"),
+    ({"head_size": 80}, "head size 80"),
+    ({"use_mla": True}, "MLA"),
+    ({"dtype": torch.float32}, "model dtype"),
+    ({"attn_type": "encoder_only"}, "attention type"),
+    ({"device_capability": DeviceCapability(7, 5)}, "compute capability"),
+])
+def test_validate_refusals_name_the_setting(kw, msg):
+    r = validate(**kw)
+    assert len(r) == 1 and msg in r[0], r
+
+
+def test_engine_level_refusals():
+    assert refuse_config(fake_config()) == []
+    assert "--kv-transfer-config" in refuse_config(fake_config(kv_transfer_config=object()))[0]
+    assert "--kv-offloading-size" in refuse_config(fake_config(kv_offloading_size=4.0))[0]
+    assert "--block-size 32" in refuse_config(fake_config(block_size=32))[0]

@@ -1,0 +1,60 @@
+import torch
+
+from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
+
+from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, side_layer_name
+
+from helpers import fake_config
+
+
+def test_geometry_int4_is_836_bytes_per_head_at_d128():
+    g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
+    assert g.bytes_per_block == 2 * 836                     # docs/method.md
+    assert g.page_bytes >= g.bytes_per_block + 16 and g.page_bytes % 16 == 0
+    assert g.page_bytes / (2 * 16 * 2 * 128 * 2) < 0.11     # ~10% of the bf16 K+V page
+
+
+def test_side_cache_shares_the_attention_group():
+    """The side cache lands in the attention layers' KV-cache group (same block ids), is
+    counted per block by the allocator, and gets its own contiguous tensor per layer."""
+    cfg = fake_config()
+    g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
+    specs = {}
+    for i in range(3):
+        name = f"model.layers.{i}.self_attn.attn"
+        specs[name] = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=128, dtype=torch.bfloat16)
+        side = LocksSummaryCache(side_layer_name(name), g, cfg.compilation_config.static_forward_context)
+        specs[side.prefix] = side.get_kv_cache_spec(cfg)
+    groups = get_kv_cache_groups(cfg, dict(specs))
+    assert len(groups) == 1
+    assert isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
+    assert set(groups[0].layer_names) == set(specs)
+    per_block = groups[0].kv_cache_spec.page_size_bytes
+    assert per_block == 3 * (16 * 2 * 128 * 2 * 2) + 3 * g.page_bytes  # the profiler counts the summaries
+    kvc = get_kv_cache_config_from_groups(cfg, groups, available_memory=per_block * 100)
+    assert kvc.num_blocks == 100
+    by_layer = {t.shared_by[0]: t for t in kvc.kv_cache_tensors}
+    assert all(len(t.shared_by) == 1 for t in kvc.kv_cache_tensors)  # one tensor per layer, not packed
+    assert by_layer[side_layer_name("model.layers.0.self_attn.attn")].size == 100 * g.page_bytes
+
+
+def test_carve_views_are_contiguous_disjoint_and_inside():
+    g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
+    n = 200  # real caches have thousands of blocks; 16 B of slack per block pays the alignment
+    raw = torch.zeros(n, 16, g.token_bytes, dtype=torch.uint8)
+    views = carve(raw, g)
+    lo, hi = raw.data_ptr(), raw.data_ptr() + raw.numel()
+    spans = []
+    for v, (_, dt, shape) in zip(views, g.fields()):
+        assert v.dtype == dt and tuple(v.shape) == (n, *shape) and v.is_contiguous()
+        assert v.data_ptr() % 256 == 0
+        a = v.data_ptr()
+        b = a + v.numel() * v.element_size()
+        assert lo <= a and b <= hi
+        spans.append((a, b))
+    spans.sort()
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    for v in views:  # writes through a view land in the side-cache tensor
+        v.view(torch.uint8).fill_(7)
+    assert int((raw == 7).sum()) == g.bytes_per_block * n
