@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script for the GPU side (run on the H200 machine, see docs/gpu_results.md):
+# The one script for the GPU side (run on the H200 machine, see docs/lab/gpu_results.md):
 # uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
