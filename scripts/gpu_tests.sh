@@ -87,7 +87,7 @@ for p in "${phases[@]}"; do
       if [ -z "${LOCKS_PY_INSTALLED:-}" ]; then
         eig=()
         [ -n "${LOCKS_EIGEN_DIR:-}" ] && eig=(-Ccmake.define.Eigen3_DIR="$LOCKS_EIGEN_DIR")
-        timeout 400 python3 -m pip install --no-build-isolation --no-deps -Ccmake.define.LOCKS_PY_CUDA=ON \
+        timeout 150 python3 -m pip install --no-build-isolation --no-deps -Ccmake.define.LOCKS_PY_CUDA=ON \
           "${eig[@]}" . >"$OUT/python_install.log" 2>&1
         rc=$?; echo "python install rc=$rc"; tail -3 "$OUT/python_install.log"
         [ $rc -eq 0 ] || { status=1; continue; }
@@ -96,7 +96,7 @@ for p in "${phases[@]}"; do
       sel=(tests/python)
       [ "$p" = python-ops ] && sel=(tests/python --ignore=tests/python/test_gpu_model.py)
       [ "$p" = python-model ] && sel=(tests/python/test_gpu_model.py)
-      HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 timeout 540 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+      HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 timeout "${LOCKS_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
         --junitxml="$OUT/pytest_$p.xml" "${sel[@]}" 2>&1 | tee "$OUT/pytest_$p.log" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown phase $p"; status=2 ;;
