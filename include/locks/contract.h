@@ -10,9 +10,11 @@
 // kv_cache.h, summary.h, score.h, select.h, attention.h). Host-side arguments (n_blocks,
 // n_slots, appended, the plan) are plain values.
 // Invariants of every run call:
-//   - no allocation (CPU: no allocation that grows with the data: the buffers of the step
-//     live in the workspace); CUDA: no allocation and no host synchronisation, grids fixed
-//     by the plan and batch.batch_size: capturable in a CUDA graph;
+//   - no allocation: every buffer of the step lives in the workspace (CPU: per-thread
+//     slices for plan.threads threads; tests/ops counts operator new over 1,000 decode
+//     calls; the CPU summary builds are the exception: Eigen's SVD temporaries); CUDA: no
+//     allocation and no host synchronisation, grids fixed by the plan and batch.batch_size:
+//     capturable in a CUDA graph (summary builds included);
 //   - outputs written whole or not at all: arguments are checked before any write (CUDA:
 //     what the host can check; device arrays are trusted like a kernel's inputs);
 //   - the partial tail page of a sequence has no summary and is always attended.
@@ -22,7 +24,8 @@
 // Workspace contents: run calls use their own regions only; score_pages leaves per-chunk
 // log-sum-exp partials (CUDA) that the following aggregate_gqa on the same workspace reads,
 // so call aggregate_gqa after score_pages with the same plan, workspace, batch and stream.
-// decode() is the whole step and needs nothing from earlier calls.
+// decode() is the whole step and needs nothing from earlier calls. One call at a time per
+// workspace (CPU: a call uses the workspace's per-thread slices; CUDA: calls on one stream).
 #pragma once
 
 #include <cstdint>

@@ -87,9 +87,12 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
   fields(p, [&](auto& x) { from_int(v[i++], x); });
   // Consistency: the fields a run call trusts.
   const DecodeParams& q = p.params;
-  LOCKS_REQUIRE(q.cache.page_size >= 1 && q.max_blocks_per_seq >= 1 && q.max_batch >= 1 &&
-                    q.cache.num_kv_heads >= 1 && q.num_q_heads == p.group * q.cache.num_kv_heads,
-                "inconsistent plan vector");
+  LOCKS_REQUIRE(
+      q.cache.page_size >= 1 && q.max_blocks_per_seq >= 1 && q.max_batch >= 1 &&
+          q.cache.num_kv_heads >= 1 && q.num_q_heads == p.group * q.cache.num_kv_heads &&
+          p.threads >= 1 && int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
+          (q.summary.precision == Precision::fp32 || q.summary.precision == Precision::quant),
+      "inconsistent plan vector");
   LOCKS_REQUIRE(p.capacity == rules::select_capacity(q.select.budget_tokens, q.cache.page_size,
                                                      q.max_blocks_per_seq),
                 "plan vector capacity ", p.capacity, " is not the budget rule's");

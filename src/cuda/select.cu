@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
+#include "locks/rules.h"
 #include "pdl.cuh"
 
 namespace locks::cuda::detail {
@@ -27,13 +28,13 @@ struct Rules {  // the budget rules for one sequence
 
 __device__ Rules rules_for(int len, int P, const SelectConfig& cfg) {
   Rules r;
-  r.full = len / P;
-  r.n_pages = (len + P - 1) / P;
+  r.full = rules::full_pages(len, P);
+  r.n_pages = rules::num_pages(len, P);
   r.has_tail = r.full < r.n_pages;
-  r.all = cfg.budget_tokens >= len;
+  r.all = rules::selects_all(cfg.budget_tokens, len);
   r.sink_end = min(cfg.sink_pages, r.full);
   r.recent_start = max(max(r.full - cfg.recent_pages, 0), r.sink_end);
-  const int k = cfg.budget_tokens / P;
+  const int k = int(rules::budget_pages(cfg.budget_tokens, P));
   r.slots = k - r.has_tail - r.sink_end - (r.full - r.recent_start);
   return r;
 }

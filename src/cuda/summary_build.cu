@@ -318,7 +318,8 @@ void check_views(const KvCacheView& cache, const SummaryView& out, const char* w
   const SummaryLayout& sl = out.layout;
   if (cache.k == nullptr) locks::detail::fail(where, "cache.k is null");
   if (sl.precision == Precision::fp32) {
-    if (!(out.mu && out.basis && out.coeff)) locks::detail::fail(where, "fp32 summary arrays are null");
+    if (!(out.mu && out.basis && out.coeff))
+      locks::detail::fail(where, "fp32 summary arrays are null");
   } else if (!(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
                out.coeff_scale)) {
     locks::detail::fail(where, "quant summary arrays are null");
@@ -371,8 +372,8 @@ void launch_summary_from_eig(const KvCacheView& cache, const int32_t* block_ids,
                              const SummaryView& out, const float* evec, const float* eval,
                              cudaStream_t st) {
   launch<Stage::from_eig>(cache, out.layout, list_work(block_ids, n_blocks),
-                          n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, evec,
-                          eval, st);
+                          n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, evec, eval,
+                          st);
 }
 
 }  // namespace detail

@@ -13,15 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "locks/cuda/check.h"
 #include "locks/kv_cache.h"
 #include "locks/summary.h"
 
 namespace locks::cuda_test {
 
-inline void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-#define CK(x) ::locks::cuda_test::ck((x), #x)
+// The project's one CUDA check (locks::CudaError), under the tests' short name.
+#define CK(x) LOCKS_CUDA_CHECK(x)
 
 inline bool has_gpu() {
   int n = 0;

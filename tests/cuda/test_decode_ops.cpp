@@ -56,6 +56,7 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 42);
   DevBuf<float> dq(q);
   cuda::Plan plan{L, Hq, B, M, DecodeConfig{c.sel, 0.0f}};
+  plan.precision = c.prec;
   cuda::Decoder dec(plan);
   const float scale = dec.scale();
   const QueryView hq{q.data(), Hq}, dqv{dq.p, Hq};

@@ -29,6 +29,9 @@ class OpsBackend {
   // Bytes of memory in use by the process (CPU: resident set; CUDA: device memory in use).
   virtual int64_t memory_in_use() = 0;
   virtual void finish() = 0;  // wait for the queued work
+  // Host heap allocations (operator new) made so far by the process, or -1 when this
+  // backend's binary does not count them.
+  virtual int64_t host_allocations() const { return -1; }
   // The backend's arithmetic beyond float32 for this cache dtype (test_compare.h).
   virtual ArithModel arith(DType kv_dtype) const = 0;
 

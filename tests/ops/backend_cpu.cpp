@@ -1,11 +1,29 @@
 // The CPU backend of the op suite (backend.h): host memory and the cpu:: contract.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 
 #include "backend.h"
+
+// Every operator new of this binary is counted, so that the suite can show the CPU run
+// calls allocate nothing (their memory is the caller's workspace).
+namespace {
+std::atomic<int64_t> g_news{0};
+}  // namespace
+void* operator new(size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 namespace locks::test {
 namespace {
@@ -30,6 +48,7 @@ class CpuBackend final : public OpsBackend {
     return resident * int64_t(sysconf(_SC_PAGESIZE));
   }
   void finish() override {}
+  int64_t host_allocations() const override { return g_news.load(); }
   ArithModel arith(DType) const override { return {}; }  // float32 throughout
 
   DecodePlan plan(const DecodeParams& p) override { return cpu::plan_decode(p); }

@@ -1,0 +1,106 @@
+// The CUDA backend of the op suite (tests/ops/backend.h): device memory, the default stream
+// and the cuda:: contract. Unavailable (every case skips) without a CUDA device.
+#include <cuda_runtime_api.h>
+
+#include "backend.h"
+#include "locks/cuda/check.h"
+
+namespace locks::test {
+namespace {
+
+// Rounding of the CUDA kernels beyond float32, from their design (src/cuda/score.cu and
+// attention.cu headers):
+//   scoring: the query enters the fp16 tensor cores as hi + lo halves (about 22 bits; the
+//     int4/int8 codes are exact); fp16 subnormals in the lo half cost up to 2^-17 relative
+//     for small query entries: 2^-14 allowed on each product term (|error| <= u A);
+//   aggregation: __expf / __logf, within ~100 ulp for the log-domain shares: 1e-5 absolute;
+//   attention: the query as two 16-bit halves (hi + lo): 2^-15 (same subnormal margin);
+//     softmax weights rounded to the cache's 16-bit type for P V: 2^-8 (bf16), 2^-11 (f16).
+ArithModel cuda_arith(DType kv) {
+  ArithModel m;
+  m.u_score = 1.0 / 16384;
+  m.agg_abs = 1e-5;
+  m.u_query = 1.0 / 32768;
+  m.u_weight = kv == DType::f16 ? 1.0 / 2048 : 1.0 / 256;
+  return m;
+}
+
+class CudaBackend final : public OpsBackend {
+ public:
+  Backend kind() const override { return Backend::cuda; }
+  std::string unavailable() const override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      return "no CUDA device";
+    }
+    return {};
+  }
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    LOCKS_CUDA_CHECK(cudaMalloc(&p, (bytes + 255) / 256 * 256 + 256));
+    LOCKS_CUDA_CHECK(cudaMemset(p, 0, (bytes + 255) / 256 * 256 + 256));
+    return p;
+  }
+  void free(void* p) override { LOCKS_CUDA_CHECK(cudaFree(p)); }
+  void put(void* dst, const void* src, size_t n) override {
+    LOCKS_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  }
+  void get(void* dst, const void* src, size_t n) override {
+    LOCKS_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  }
+  void fill(void* dst, int byte, size_t n) override { LOCKS_CUDA_CHECK(cudaMemset(dst, byte, n)); }
+  int64_t memory_in_use() override {
+    size_t free_b = 0, total = 0;
+    LOCKS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return int64_t(total) - int64_t(free_b);
+  }
+  void finish() override { LOCKS_CUDA_CHECK(cudaDeviceSynchronize()); }
+  ArithModel arith(DType kv) const override { return cuda_arith(kv); }
+
+  DecodePlan plan(const DecodeParams& p) override { return cuda::plan_decode(p); }
+  void summary_build(const KvCacheView& c, const int32_t* ids, int64_t n,
+                     const SummaryView& out) override {
+    cuda::summary_build(c, ids, n, out, nullptr);
+  }
+  void summary_build_filled(const KvCacheView& c, const BatchView& b, int appended,
+                            const SummaryView& out) override {
+    cuda::summary_build_filled(c, b, appended, out, nullptr);
+  }
+  void summary_build_slots(const KvCacheView& c, const int32_t* slots, int64_t n,
+                           const SummaryView& out) override {
+    cuda::summary_build_slots(c, slots, n, out, nullptr);
+  }
+  void score_pages(const DecodePlan& p, Workspace ws, const SummaryView& s, const BatchView& b,
+                   const QueryView& q, float* hs) override {
+    cuda::score_pages(p, ws, s, b, q, hs, nullptr);
+  }
+  void aggregate_gqa(const DecodePlan& p, Workspace ws, const BatchView& b, const float* hs,
+                     float* gs) override {
+    cuda::aggregate_gqa(p, ws, b, hs, gs, nullptr);
+  }
+  void select_pages(const DecodePlan& p, Workspace ws, const BatchView& b, const float* gs,
+                    const Selection& out) override {
+    cuda::select_pages(p, ws, b, gs, out, nullptr);
+  }
+  void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
+                        const QueryView& q, const Selection& sel,
+                        const AttentionOutput& out) override {
+    cuda::decode_attention_sparse(p, ws, c, b, q, sel, out, nullptr);
+  }
+  void attention_dense(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
+                       const QueryView& q, const AttentionOutput& out) override {
+    cuda::decode_attention_dense(p, ws, c, b, q, out, nullptr);
+  }
+  void decode(const DecodePlan& p, Workspace ws, const KvCacheView& c, const SummaryView& s,
+              const BatchView& b, const QueryView& q, const AttentionOutput& out,
+              const Selection* sel) override {
+    cuda::decode(p, ws, c, s, b, q, out, sel, nullptr);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> make_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace locks::test
