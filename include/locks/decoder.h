@@ -1,13 +1,17 @@
 // The whole LOCKS decode step on the CPU: score pages from summaries, aggregate over each
 // GQA group, select pages under the budget, attend exactly over the selected pages.
-// Plan once for a batch shape (workspace sized then), run many times.
+// A convenience owner over the contract (contract.h: cpu::plan_decode + the run calls) for
+// callers that want the intermediate scores and one object: it keeps the plan and its
+// workspace (planned at the first run, again only when the summary rank or precision change).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "locks/attention.h"
 #include "locks/kv_cache.h"
+#include "locks/plan.h"
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
@@ -42,6 +46,9 @@ class Decoder {
   int capacity_;
   std::vector<float> head_scores_, group_scores_;
   std::vector<int32_t> pages_, counts_;
+  bool planned_ = false;
+  DecodePlan plan_;
+  std::vector<std::byte> workspace_;
 };
 }  // namespace cpu
 

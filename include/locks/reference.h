@@ -41,4 +41,24 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
 void decode_attention(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                       float scale, const Selection* sel, double* out, double* lse);
 
+// The filled-page rules of the contract (contract.h), as the blocks each build must
+// summarise: filled_blocks for summary_build_filled (one entry per sequence whose last
+// `appended` tokens completed a page), slot_blocks for summary_build_slots (one entry per
+// slot with offset P - 1, in slot order). Host arrays; throws on out-of-range values.
+std::vector<int32_t> filled_blocks(const CacheLayout& cache, const BatchView& batch, int appended);
+std::vector<int32_t> slot_blocks(const CacheLayout& cache, const int32_t* slot_mapping,
+                                 int64_t n_slots);
+// Float64 summaries of those blocks (every KV head, in order block-major), so that a
+// backend's filled builds are checked against the reference build.
+struct BlockSummary64 {
+  int32_t block = 0;
+  int head = 0;
+  PageSummary64 summary;
+};
+std::vector<BlockSummary64> summary_build_filled(const KvCacheView& cache, const BatchView& batch,
+                                                 int appended, int rank);
+std::vector<BlockSummary64> summary_build_slots(const KvCacheView& cache,
+                                                const int32_t* slot_mapping, int64_t n_slots,
+                                                int rank);
+
 }  // namespace locks::ref

@@ -1,46 +1,48 @@
-// The `locks` operator library: schemas only (implementations per device in ops_cpu.cpp and
-// ops_cuda.cpp; fake/meta functions for torch.compile in python/locks/ops.py).
-// Every op writes into caller-provided out tensors (the `(a!)` annotations) and returns
-// nothing, so a decode step allocates nothing per call and can be captured in a CUDA graph.
+// The `locks` operator library: the schemas of SPEC.md's torch-level contract, and the two
+// host-only ops (plan, supports) that take no tensors and so run on any dispatch key.
+// Tensor ops are implemented per device in ops_cpu.cpp / ops_cuda.cpp (one template,
+// ops_impl.h); their fake implementations for torch.compile are in python/locks/ops.py.
+// Every tensor op writes into caller-provided tensors (the `(a!)` annotations) and returns
+// nothing, and scratch memory is the caller's workspace sized by the plan: a decode step
+// allocates nothing per call and can be captured in a CUDA graph. There is no state in this
+// library: a plan is an int[] the caller keeps (locks::DecodePlan::to_ints).
 #include <torch/library.h>
 
+#include "ops_plan.h"
+
 TORCH_LIBRARY(locks, m) {
-  // Summaries (fp32 mode) of the given physical blocks, every KV head.
+  // Host side, once per batch shape: validate the parameters, choose the backend's kernels
+  // and size the workspace. backend 0 = cpu, 1 = cuda (the current CUDA device);
+  // precision 0 = fp32 summaries, 1 = int4. Element 0 = workspace bytes, 1 = capacity.
   m.def(
-      "summary_build(Tensor k_cache, Tensor block_ids, Tensor(a!) mu, Tensor(b!) basis, "
-      "Tensor(c!) coeff) -> ()");
-  // Decode-time update: for each sequence whose length is a multiple of the page size
-  // (its last page just filled), rebuild that page's summary. Reads lengths on the device.
+      "plan(int backend, int num_blocks, int page_size, int num_kv_heads, int head_dim, "
+      "ScalarType kv_dtype, int rank, int precision, int num_q_heads, int max_batch, "
+      "int max_blocks_per_seq, int budget_tokens, int sink_pages, int recent_pages, "
+      "float scale) -> int[]",
+      &locks_torch::plan);
+  // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(
-      "summary_update(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor(a!) mu, "
-      "Tensor(b!) basis, Tensor(c!) coeff) -> ()");
-  // Score every full page from its summary, share-average over each GQA group, select
-  // pages under the budget (select.h's rules).
+      "supports(int backend, int head_dim, int page_size, int group, ScalarType kv_dtype, "
+      "int rank, int precision) -> str",
+      &locks_torch::supports);
+  // Summaries of the given full physical blocks, every KV head. summaries: 3 fp32 tensors or
+  // 6 int4 ones (precision read from the dtypes; layouts in include/locks/summary.h).
+  m.def("summary_build(Tensor k_cache, Tensor block_ids, Tensor(a!)[] summaries) -> ()");
+  // Decode-time update, on the device (no host sync): with slot_mapping (the slots written
+  // this step, slot = block * P + offset, -1 = padding) rebuild every block whose last slot
+  // was written; without it, the page that the last token of each sequence completed
+  // (seq_lens after the append).
   m.def(
-      "select_pages(Tensor q, Tensor mu, Tensor basis, Tensor coeff, Tensor block_table, "
-      "Tensor seq_lens, int budget_tokens, int sink_pages, int recent_pages, float scale, "
-      "Tensor(a!) pages, Tensor(b!) counts) -> ()");
-  // The same three in the quant storage (int8 centroid, int4 basis, int8 coefficients).
+      "summary_update(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor? slot_mapping, "
+      "Tensor(a!)[] summaries) -> ()");
+  // Score every full page from its summary, share-average over each GQA group, select pages
+  // under the plan's budget. pages [B, H, plan capacity], counts [B, H].
   m.def(
-      "summary_build_quant(Tensor k_cache, Tensor block_ids, Tensor(a!) mu_q, Tensor(b!) mu_scale, "
-      "Tensor(c!) basis_q, Tensor(d!) basis_scale, Tensor(e!) coeff_q, Tensor(f!) coeff_scale) -> "
-      "()");
+      "select_pages(Tensor(a!) workspace, int[] plan, Tensor q, Tensor[] summaries, "
+      "Tensor block_table, Tensor seq_lens, Tensor(b!) pages, Tensor(c!) counts) -> ()");
+  // Exact attention over the selected pages, or over every page when pages is None (dense).
   m.def(
-      "summary_update_quant(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor(a!) mu_q, "
-      "Tensor(b!) mu_scale, Tensor(c!) basis_q, Tensor(d!) basis_scale, Tensor(e!) coeff_q, "
-      "Tensor(f!) coeff_scale) -> ()");
-  m.def(
-      "select_pages_quant(Tensor q, Tensor mu_q, Tensor mu_scale, Tensor basis_q, Tensor "
-      "basis_scale, "
-      "Tensor coeff_q, Tensor coeff_scale, Tensor block_table, Tensor seq_lens, int budget_tokens, "
-      "int sink_pages, int recent_pages, float scale, Tensor(a!) pages, Tensor(b!) counts) -> ()");
-  // Exact attention over the selected pages only.
-  m.def(
-      "sparse_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-      "Tensor seq_lens, Tensor pages, Tensor counts, float scale, Tensor(a!) out, "
-      "Tensor(b!) lse) -> ()");
-  // Exact attention over every page (FullKV on the paged cache).
-  m.def(
-      "dense_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-      "Tensor seq_lens, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
+      "decode_attention(Tensor(a!) workspace, int[] plan, Tensor q, Tensor k_cache, "
+      "Tensor v_cache, Tensor block_table, Tensor seq_lens, Tensor? pages, Tensor? counts, "
+      "Tensor(b!) out, Tensor(c!) lse) -> ()");
 }

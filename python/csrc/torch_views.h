@@ -1,24 +1,60 @@
-// Torch tensors -> locks views (include/locks/*.h), with the checks a torch caller needs
-// (device, dtype, contiguity, shapes). The core re-checks values (lengths, block ids,
-// finite queries) and throws locks::Error; ops translate that into a Python ValueError.
+// Torch tensors -> locks views (include/locks/*.h): the checks a torch caller needs at the
+// boundary (one device for every tensor, never meta; dtype, contiguity, shapes; int64
+// arguments that fit an int), done once here for every op and both backends. The core
+// re-checks values (lengths, block ids, finite inputs) and throws locks::Error, which
+// translate_errors maps to ValueError / NotImplementedError / RuntimeError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <optional>
 #include <string>
-#include <vector>
+#include <utility>
 
+#include "locks/attention.h"
 #include "locks/error.h"
 #include "locks/kv_cache.h"
+#include "locks/plan.h"
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
 
 namespace locks_torch {
 
-inline locks::DType to_dtype(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+// Checked int64 -> int (torch carries every int as int64; silent narrowing turned
+// budget 2^32 + 16 into 16).
+inline int to_int(int64_t v, const char* name, int64_t lo = std::numeric_limits<int>::min()) {
+  TORCH_CHECK_VALUE(v >= lo && v <= std::numeric_limits<int>::max(), name, " = ", v,
+                    " is out of range [", lo, ", ", std::numeric_limits<int>::max(), "]");
+  return static_cast<int>(v);
+}
+
+// Every tensor of a call on `device` (the one the dispatcher chose), none on meta: a meta
+// tensor has no data, and a mixed call would hand device pointers to host code or back.
+struct Named {
+  const at::Tensor* t;
+  const char* name;
+};
+inline void same_device(const at::Device& device, std::initializer_list<Named> ts) {
+  for (const Named& n : ts) {
+    if (!n.t->defined()) continue;
+    TORCH_CHECK_VALUE(!n.t->is_meta(), n.name,
+                      ": is on the meta device (no data); pass real tensors (tracing uses the "
+                      "fake implementations)");
+    TORCH_CHECK_VALUE(n.t->device() == device, n.name, ": is on ", n.t->device(),
+                      " but the call runs on ", device, " (mixed devices)");
+  }
+}
+inline void same_device(const at::Device& device, at::TensorList ts, const char* name) {
+  for (const at::Tensor& t : ts) same_device(device, {{&t, name}});
+}
+
+inline locks::DType to_dtype(at::ScalarType t, const char* name) {
+  switch (t) {
     case at::kFloat:
       return locks::DType::f32;
     case at::kHalf:
@@ -26,186 +62,152 @@ inline locks::DType to_dtype(const at::Tensor& t, const char* name) {
     case at::kBFloat16:
       return locks::DType::bf16;
     default:
-      TORCH_CHECK_VALUE(false, name, ": dtype must be float32, float16 or bfloat16, got ",
-                        t.scalar_type());
+      TORCH_CHECK_VALUE(false, name, ": dtype must be float32, float16 or bfloat16, got ", t);
   }
 }
 
-inline void require(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
-                    const at::Device& device) {
+inline void require(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
   TORCH_CHECK_VALUE(t.defined(), name, ": tensor is undefined");
   TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected ", dim, " dimensions, got shape ", t.sizes());
   TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, ": expected dtype ", dtype, ", got ",
                     t.scalar_type());
-  TORCH_CHECK_VALUE(t.device() == device, name, ": expected device ", device, ", got ", t.device());
   TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous");
 }
 
 // k_cache / v_cache: [num_blocks, page_size, num_kv_heads, head_dim].
-inline locks::CacheLayout cache_layout(const at::Tensor& k, const at::Tensor& v) {
+inline locks::CacheLayout cache_layout(const at::Tensor& k, const at::Tensor* v) {
   TORCH_CHECK_VALUE(k.dim() == 4,
                     "k_cache: expected [num_blocks, page_size, num_kv_heads, head_dim], got ",
                     k.sizes());
   TORCH_CHECK_VALUE(k.is_contiguous(), "k_cache: must be contiguous");
   locks::CacheLayout l;
   l.num_blocks = k.size(0);
-  l.page_size = static_cast<int>(k.size(1));
-  l.num_kv_heads = static_cast<int>(k.size(2));
-  l.head_dim = static_cast<int>(k.size(3));
-  l.dtype = to_dtype(k, "k_cache");
-  if (v.defined()) {
-    TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v_cache: shape ", v.sizes(),
+  l.page_size = to_int(k.size(1), "k_cache.size(1) (page_size)");
+  l.num_kv_heads = to_int(k.size(2), "k_cache.size(2) (num_kv_heads)");
+  l.head_dim = to_int(k.size(3), "k_cache.size(3) (head_dim)");
+  l.dtype = to_dtype(k.scalar_type(), "k_cache");
+  if (v) {
+    TORCH_CHECK_VALUE(v->sizes() == k.sizes(), "v_cache: shape ", v->sizes(),
                       " differs from k_cache ", k.sizes());
-    TORCH_CHECK_VALUE(v.scalar_type() == k.scalar_type(), "v_cache: dtype differs from k_cache");
-    TORCH_CHECK_VALUE(v.device() == k.device(), "v_cache: device differs from k_cache");
-    TORCH_CHECK_VALUE(v.is_contiguous(), "v_cache: must be contiguous");
+    TORCH_CHECK_VALUE(v->scalar_type() == k.scalar_type(), "v_cache: dtype ", v->scalar_type(),
+                      " differs from k_cache ", k.scalar_type());
+    TORCH_CHECK_VALUE(v->is_contiguous(), "v_cache: must be contiguous");
   }
   return l;
 }
 
 // block_table [batch, max_blocks_per_seq] int32, seq_lens [batch] int32.
-inline locks::BatchView batch_view(const at::Tensor& block_table, const at::Tensor& seq_lens,
-                                   const at::Device& device) {
-  require(block_table, "block_table", at::kInt, 2, device);
-  require(seq_lens, "seq_lens", at::kInt, 1, device);
+inline locks::BatchView batch_view(const at::Tensor& block_table, const at::Tensor& seq_lens) {
+  require(block_table, "block_table", at::kInt, 2);
+  require(seq_lens, "seq_lens", at::kInt, 1);
   TORCH_CHECK_VALUE(seq_lens.size(0) == block_table.size(0), "seq_lens: length ", seq_lens.size(0),
                     " differs from block_table rows ", block_table.size(0));
+  TORCH_CHECK_VALUE(block_table.size(0) >= 1, "block_table: batch size 0 (nothing to decode)");
   locks::BatchView b;
   b.block_table = block_table.data_ptr<int32_t>();
   b.block_table_stride = block_table.size(1);
   b.seq_lens = seq_lens.data_ptr<int32_t>();
-  b.batch_size = static_cast<int>(block_table.size(0));
-  b.max_blocks_per_seq = static_cast<int>(block_table.size(1));
+  b.batch_size = to_int(block_table.size(0), "block_table.size(0) (batch)");
+  b.max_blocks_per_seq = to_int(block_table.size(1), "block_table.size(1) (max_blocks_per_seq)");
   return b;
 }
 
-// fp32 summaries: mu [num_blocks, H, d], basis [num_blocks, H, r, d], coeff [num_blocks, H, P, r].
-inline locks::SummaryView summary_view(const at::Tensor& mu, const at::Tensor& basis,
-                                       const at::Tensor& coeff, const locks::CacheLayout& cache,
-                                       const at::Device& device) {
-  require(mu, "mu", at::kFloat, 3, device);
-  require(basis, "basis", at::kFloat, 4, device);
-  require(coeff, "coeff", at::kFloat, 4, device);
-  locks::SummaryLayout s;
-  s.num_blocks = mu.size(0);
-  s.num_kv_heads = static_cast<int>(mu.size(1));
-  s.head_dim = static_cast<int>(mu.size(2));
-  s.rank = static_cast<int>(basis.size(2));
-  s.page_size = static_cast<int>(coeff.size(2));
-  s.precision = locks::Precision::fp32;
-  TORCH_CHECK_VALUE(s.num_blocks == cache.num_blocks && s.num_kv_heads == cache.num_kv_heads &&
-                        s.head_dim == cache.head_dim && s.page_size == cache.page_size,
-                    "summaries: mu ", mu.sizes(), " / coeff ", coeff.sizes(),
-                    " do not match the cache (num_blocks ", cache.num_blocks, ", page_size ",
-                    cache.page_size, ", num_kv_heads ", cache.num_kv_heads, ", head_dim ",
-                    cache.head_dim, ")");
-  TORCH_CHECK_VALUE(basis.size(0) == s.num_blocks && basis.size(1) == s.num_kv_heads &&
-                        basis.size(3) == s.head_dim,
-                    "basis: expected [", s.num_blocks, ", ", s.num_kv_heads, ", rank, ", s.head_dim,
-                    "], got ", basis.sizes());
-  TORCH_CHECK_VALUE(
-      coeff.size(0) == s.num_blocks && coeff.size(1) == s.num_kv_heads && coeff.size(3) == s.rank,
-      "coeff: expected [", s.num_blocks, ", ", s.num_kv_heads, ", ", s.page_size, ", ", s.rank,
-      "], got ", coeff.sizes());
+// The summaries list; its precision is read from the dtypes (summary.h layouts):
+//   fp32: [mu f32 [N, H, d], basis f32 [N, H, r, d], coeff f32 [N, H, P, r]]
+//   int4: [mu_q i8 [N, H, d], mu_scale f32 [N, H], basis_q u8 [N, H, r, d/2],
+//          basis_scale f32 [N, H, r], coeff_q i8 [N, H, P, r], coeff_scale f32 [N, H, r]]
+// The geometry must match `cache` where one is given (num_blocks, P, H, d); scoring reads
+// summaries only and takes it from them.
+inline locks::SummaryView summary_view(at::TensorList s, const locks::CacheLayout* cache) {
+  const bool quant = s.size() == 6;
+  TORCH_CHECK_VALUE(s.size() == 3 || quant,
+                    "summaries: expected 3 tensors (fp32: mu, basis, coeff) or 6 (int4: mu_q, "
+                    "mu_scale, basis_q, basis_scale, coeff_q, coeff_scale), got ",
+                    s.size());
+  static const char* const kFp32[] = {"summaries[0] (mu)", "summaries[1] (basis)",
+                                      "summaries[2] (coeff)"};
+  static const char* const kQuant[] = {"summaries[0] (mu_q)",    "summaries[1] (mu_scale)",
+                                       "summaries[2] (basis_q)", "summaries[3] (basis_scale)",
+                                       "summaries[4] (coeff_q)", "summaries[5] (coeff_scale)"};
+  const at::Tensor& mu = s[0];
+  const at::Tensor& basis = s[quant ? 2 : 1];
+  const at::Tensor& coeff = s[quant ? 4 : 2];
+  const char* const* names = quant ? kQuant : kFp32;
+  require(mu, names[0], quant ? at::kChar : at::kFloat, 3);
+  require(basis, names[quant ? 2 : 1], quant ? at::kByte : at::kFloat, 4);
+  require(coeff, names[quant ? 4 : 2], quant ? at::kChar : at::kFloat, 4);
+  locks::SummaryLayout l;
+  l.num_blocks = mu.size(0);
+  l.num_kv_heads = to_int(mu.size(1), "summaries: num_kv_heads");
+  l.head_dim = to_int(mu.size(2), "summaries: head_dim");
+  l.rank = to_int(basis.size(2), "summaries: rank");
+  l.page_size = to_int(coeff.size(2), "summaries: page_size");
+  l.precision = quant ? locks::Precision::quant : locks::Precision::fp32;
+  if (cache) {
+    TORCH_CHECK_VALUE(l.num_blocks == cache->num_blocks && l.num_kv_heads == cache->num_kv_heads &&
+                          l.head_dim == cache->head_dim && l.page_size == cache->page_size,
+                      "summaries: ", names[0], " ", mu.sizes(), " / ", names[quant ? 4 : 2], " ",
+                      coeff.sizes(), " do not match the cache (num_blocks ", cache->num_blocks,
+                      ", page_size ", cache->page_size, ", num_kv_heads ", cache->num_kv_heads,
+                      ", head_dim ", cache->head_dim, ")");
+  }
+  const int64_t n = l.num_blocks, h = l.num_kv_heads, d = l.head_dim, r = l.rank,
+                p = l.page_size;
+  auto shape = [&](const at::Tensor& t, const char* name, std::initializer_list<int64_t> want) {
+    TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), name, ": expected shape ",
+                      at::IntArrayRef(want), ", got ", t.sizes());
+  };
+  shape(basis, names[quant ? 2 : 1], {n, h, r, quant ? d / 2 : d});
+  shape(coeff, names[quant ? 4 : 2], {n, h, p, r});
   locks::SummaryView v;
-  v.layout = s;
-  v.mu = mu.data_ptr<float>();
-  v.basis = basis.data_ptr<float>();
-  v.coeff = coeff.data_ptr<float>();
+  v.layout = l;
+  if (!quant) {
+    v.mu = mu.data_ptr<float>();
+    v.basis = basis.data_ptr<float>();
+    v.coeff = coeff.data_ptr<float>();
+    return v;
+  }
+  require(s[1], names[1], at::kFloat, 2);
+  require(s[3], names[3], at::kFloat, 3);
+  require(s[5], names[5], at::kFloat, 3);
+  shape(s[1], names[1], {n, h});
+  shape(s[3], names[3], {n, h, r});
+  shape(s[5], names[5], {n, h, r});
+  v.mu_q = mu.data_ptr<int8_t>();
+  v.mu_scale = s[1].data_ptr<float>();
+  v.basis_q = basis.data_ptr<uint8_t>();
+  v.basis_scale = s[3].data_ptr<float>();
+  v.coeff_q = coeff.data_ptr<int8_t>();
+  v.coeff_scale = s[5].data_ptr<float>();
   return v;
-}
-
-// quant summaries (int8 centroid, int4 basis two a byte, int8 coefficients, fp32 scales):
-// mu_q [N, H, d] i8, mu_scale [N, H], basis_q [N, H, r, d/2] u8, basis_scale [N, H, r],
-// coeff_q [N, H, P, r] i8, coeff_scale [N, H, r].
-inline locks::SummaryView summary_view_quant(
-    const at::Tensor& mu_q, const at::Tensor& mu_scale, const at::Tensor& basis_q,
-    const at::Tensor& basis_scale, const at::Tensor& coeff_q, const at::Tensor& coeff_scale,
-    const locks::CacheLayout& cache, const at::Device& device) {
-  require(mu_q, "mu_q", at::kChar, 3, device);
-  require(mu_scale, "mu_scale", at::kFloat, 2, device);
-  require(basis_q, "basis_q", at::kByte, 4, device);
-  require(basis_scale, "basis_scale", at::kFloat, 3, device);
-  require(coeff_q, "coeff_q", at::kChar, 4, device);
-  require(coeff_scale, "coeff_scale", at::kFloat, 3, device);
-  locks::SummaryLayout s;
-  s.num_blocks = mu_q.size(0);
-  s.num_kv_heads = static_cast<int>(mu_q.size(1));
-  s.head_dim = static_cast<int>(mu_q.size(2));
-  s.rank = static_cast<int>(basis_q.size(2));
-  s.page_size = static_cast<int>(coeff_q.size(2));
-  s.precision = locks::Precision::quant;
-  TORCH_CHECK_VALUE(s.num_blocks == cache.num_blocks && s.num_kv_heads == cache.num_kv_heads &&
-                        s.head_dim == cache.head_dim && s.page_size == cache.page_size,
-                    "summaries: mu_q ", mu_q.sizes(), " / coeff_q ", coeff_q.sizes(),
-                    " do not match the cache (num_blocks ", cache.num_blocks, ", page_size ",
-                    cache.page_size, ", num_kv_heads ", cache.num_kv_heads, ", head_dim ",
-                    cache.head_dim, ")");
-  const std::vector<int64_t> nh{s.num_blocks, s.num_kv_heads},
-      nhr{s.num_blocks, s.num_kv_heads, s.rank};
-  TORCH_CHECK_VALUE(mu_scale.sizes() == at::IntArrayRef(nh), "mu_scale: expected ",
-                    at::IntArrayRef(nh), ", got ", mu_scale.sizes());
-  TORCH_CHECK_VALUE(basis_q.size(0) == s.num_blocks && basis_q.size(1) == s.num_kv_heads &&
-                        basis_q.size(3) == s.head_dim / 2,
-                    "basis_q: expected [", s.num_blocks, ", ", s.num_kv_heads, ", rank, ",
-                    s.head_dim / 2, "], got ", basis_q.sizes());
-  TORCH_CHECK_VALUE(basis_scale.sizes() == at::IntArrayRef(nhr), "basis_scale: expected ",
-                    at::IntArrayRef(nhr), ", got ", basis_scale.sizes());
-  TORCH_CHECK_VALUE(coeff_q.size(0) == s.num_blocks && coeff_q.size(1) == s.num_kv_heads &&
-                        coeff_q.size(3) == s.rank,
-                    "coeff_q: expected [", s.num_blocks, ", ", s.num_kv_heads, ", ", s.page_size,
-                    ", ", s.rank, "], got ", coeff_q.sizes());
-  TORCH_CHECK_VALUE(coeff_scale.sizes() == at::IntArrayRef(nhr), "coeff_scale: expected ",
-                    at::IntArrayRef(nhr), ", got ", coeff_scale.sizes());
-  locks::SummaryView v;
-  v.layout = s;
-  v.mu_q = mu_q.data_ptr<int8_t>();
-  v.mu_scale = mu_scale.data_ptr<float>();
-  v.basis_q = basis_q.data_ptr<uint8_t>();
-  v.basis_scale = basis_scale.data_ptr<float>();
-  v.coeff_q = coeff_q.data_ptr<int8_t>();
-  v.coeff_scale = coeff_scale.data_ptr<float>();
-  return v;
-}
-
-// The cache shape that summaries describe (scoring reads summaries only, never K).
-inline locks::CacheLayout layout_of_summaries(int64_t num_blocks, int64_t heads, int64_t head_dim,
-                                              int64_t page_size) {
-  locks::CacheLayout l;
-  l.num_blocks = num_blocks;
-  l.num_kv_heads = static_cast<int>(heads);
-  l.head_dim = static_cast<int>(head_dim);
-  l.page_size = static_cast<int>(page_size);
-  return l;
 }
 
 // q: [batch, num_q_heads, head_dim] fp32.
-inline locks::QueryView query_view(const at::Tensor& q, int batch, int head_dim,
-                                   const at::Device& device) {
-  require(q, "q", at::kFloat, 3, device);
+inline locks::QueryView query_view(const at::Tensor& q, int batch, int head_dim) {
+  require(q, "q", at::kFloat, 3);
   TORCH_CHECK_VALUE(q.size(0) == batch && q.size(2) == head_dim, "q: expected [", batch,
                     ", num_q_heads, ", head_dim, "], got ", q.sizes());
-  return {q.data_ptr<float>(), static_cast<int>(q.size(1))};
+  return {q.data_ptr<float>(), to_int(q.size(1), "q.size(1) (num_q_heads)")};
 }
 
 // pages [batch, num_kv_heads, capacity] int32, counts [batch, num_kv_heads] int32.
 inline locks::Selection selection_view(const at::Tensor& pages, const at::Tensor& counts, int batch,
-                                       int num_kv_heads, const at::Device& device) {
-  require(pages, "pages", at::kInt, 3, device);
-  require(counts, "counts", at::kInt, 2, device);
+                                       int num_kv_heads) {
+  require(pages, "pages", at::kInt, 3);
+  require(counts, "counts", at::kInt, 2);
   TORCH_CHECK_VALUE(pages.size(0) == batch && pages.size(1) == num_kv_heads, "pages: expected [",
                     batch, ", ", num_kv_heads, ", capacity], got ", pages.sizes());
   TORCH_CHECK_VALUE(counts.size(0) == batch && counts.size(1) == num_kv_heads, "counts: expected [",
                     batch, ", ", num_kv_heads, "], got ", counts.sizes());
-  return {pages.data_ptr<int32_t>(), counts.data_ptr<int32_t>(), static_cast<int>(pages.size(2))};
+  return {pages.data_ptr<int32_t>(), counts.data_ptr<int32_t>(),
+          to_int(pages.size(2), "pages.size(2) (capacity)")};
 }
 
-// The attention outputs: out [batch, q_heads, d] and lse [batch, q_heads], float32 on dev.
-inline locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse,
-                                          const locks::QueryView& q, int batch, int head_dim,
-                                          const at::Device& dev) {
-  require(out, "out", at::kFloat, 3, dev);
-  require(lse, "lse", at::kFloat, 2, dev);
+// out [batch, q_heads, d] and lse [batch, q_heads], float32.
+inline locks::AttentionOutput output_view(const at::Tensor& out, const at::Tensor& lse,
+                                          const locks::QueryView& q, int batch, int head_dim) {
+  require(out, "out", at::kFloat, 3);
+  require(lse, "lse", at::kFloat, 2);
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
                     "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
                     out.sizes());
@@ -214,13 +216,45 @@ inline locks::AttentionOutput output_view(at::Tensor& out, at::Tensor& lse,
   return {out.data_ptr<float>(), lse.data_ptr<float>()};
 }
 
-// Run f, turning locks::Error (bad input caught by the core) into a Python ValueError.
+// The plan vector (locks::DecodePlan::to_ints), checked by from_ints.
+template <typename F>
+void translate_errors(F&& f);
+inline locks::DecodePlan plan_of(at::IntArrayRef v, locks::Backend backend) {
+  locks::DecodePlan p;
+  translate_errors([&] { p = locks::DecodePlan::from_ints(v.data(), v.size()); });
+  TORCH_CHECK_VALUE(p.backend == backend, "plan: made for the ", locks::backend_name(p.backend),
+                    " backend, but the tensors are on the ", locks::backend_name(backend),
+                    " backend");
+  return p;
+}
+
+// The caller's workspace: a 1-D uint8 tensor of at least workspace_bytes(plan) bytes. The
+// contract wants 256-byte alignment; torch's CPU allocator gives 64, so the view starts at
+// the first 256-byte boundary inside the tensor (locks.workspace_bytes adds 256 for that).
+// The same tensor gives the same view every call, so regions persist between calls.
+inline locks::Workspace workspace_view(const at::Tensor& ws, const locks::DecodePlan& plan) {
+  require(ws, "workspace", at::kByte, 1);
+  const auto base = reinterpret_cast<uintptr_t>(ws.data_ptr());
+  const uintptr_t skip = (256 - base % 256) % 256;
+  const auto have = static_cast<uint64_t>(ws.numel());
+  TORCH_CHECK_VALUE(have >= skip && have - skip >= plan.workspace_bytes, "workspace: ",
+                    ws.numel(), " bytes, the plan needs ", plan.workspace_bytes, " after ", skip,
+                    " bytes of alignment (allocate locks.workspace_bytes(...) bytes)");
+  return {reinterpret_cast<void*>(base + skip), static_cast<size_t>(have - skip)};
+}
+
+// Run f, mapping the core's errors to Python's: InvalidArgument -> ValueError, Unsupported ->
+// NotImplementedError, CudaError (and any other locks::Error) -> RuntimeError.
 template <typename F>
 void translate_errors(F&& f) {
   try {
     f();
-  } catch (const locks::Error& e) {
+  } catch (const locks::InvalidArgument& e) {
     TORCH_CHECK_VALUE(false, e.what());
+  } catch (const locks::Unsupported& e) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, e.what());
+  } catch (const locks::Error& e) {
+    TORCH_CHECK(false, e.what());
   }
 }
 

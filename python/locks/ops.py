@@ -1,26 +1,39 @@
-"""Python face of the `locks` torch operators (python/csrc/ops_*.cpp).
+"""Python face of the `locks` torch operators (python/csrc/ops_schema.cpp).
 
-The operators write into caller-provided tensors (out-tensor schemas); the helpers here
-allocate those tensors when the caller does not pass them. Each operator has a fake
-(meta) implementation so that torch.compile can trace a decode step that calls it.
+The operators are thin launchers over the C++ decode contract (include/locks/contract.h):
+they write into caller-provided tensors, take their scratch memory from a caller-owned
+workspace and their kernel choices from a plan vector (int[]) made once per batch shape,
+and keep no state. `locks.DecodeWrapper` (wrapper.py) is the usual way to call them; the
+functions here are the building blocks. Every operator has a fake implementation so that
+torch.compile can trace a decode step that calls it.
 
 Layouts (include/locks/kv_cache.h, summary.h):
   k_cache, v_cache  [num_blocks, page_size, num_kv_heads, head_dim]  float32/float16/bfloat16
   block_table       [batch, max_blocks_per_seq] int32,  seq_lens [batch] int32
   summaries (fp32)  mu [num_blocks, H, d], basis [num_blocks, H, r, d], coeff [num_blocks, H, P, r]
   summaries (int4)  mu_q i8 [N, H, d], mu_scale [N, H], basis_q u8 [N, H, r, d/2], basis_scale [N, H, r],
-                    coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]   (the *_quant operators)
+                    coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]
   q                 [batch, num_q_heads, head_dim] float32
   pages, counts     [batch, H, capacity] int32 (ascending, -1 padded), [batch, H] int32
+The summaries' precision is read from their dtypes.
+
+Bad input: ValueError (wrong call), TypeError (wrong Python type), NotImplementedError
+(a shape the backend lacks: supports() says which), RuntimeError (CUDA failure).
 """
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
+import numbers
+from typing import NamedTuple, Sequence
 
 import torch
 
 _ops = torch.ops.locks
+
+INT_MAX = 2**31 - 1
+BACKENDS = {"cpu": 0, "cuda": 1}
+PRECISIONS = {"fp32": 0, "int4": 1}
+KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ALIGN = 256  # the contract's workspace alignment; workspace_bytes() includes this slack
 
 
 class Summaries(NamedTuple):
@@ -39,81 +52,197 @@ class QuantSummaries(NamedTuple):
     coeff_scale: torch.Tensor
 
 
-def new_summaries(num_blocks: int, num_kv_heads: int, head_dim: int, page_size: int = 16,
-                  rank: int = 8, device: torch.device | str = "cpu",
-                  precision: str = "fp32") -> Summaries | QuantSummaries:
-    """Zeroed summary storage for a cache of num_blocks pages; precision "fp32" or "int4"."""
-    if not 1 <= rank < page_size:
-        raise ValueError(f"rank must be in [1, page_size) = [1, {page_size}), got {rank}")
-    n, h = num_blocks, num_kv_heads
-    z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
-    if precision == "fp32":
-        return Summaries(z(n, h, head_dim), z(n, h, rank, head_dim), z(n, h, page_size, rank))
-    if precision == "int4":
-        return QuantSummaries(z(n, h, head_dim, dt=torch.int8), z(n, h),
-                              z(n, h, rank, head_dim // 2, dt=torch.uint8), z(n, h, rank),
-                              z(n, h, page_size, rank, dt=torch.int8), z(n, h, rank))
-    raise ValueError(f"precision must be 'fp32' or 'int4', got {precision!r}")
+# -- argument checks --------------------------------------------------------------------------
+def check_int(name: str, value, lo: int | None = None, hi: int | None = INT_MAX,
+              where: str = "locks", why: str | None = None) -> int:
+    """An int argument: TypeError unless a Python/numpy integer (bool, float and str are
+    refused: 16.0 and '16' are not page sizes), ValueError outside [lo, hi]; every int ends
+    in a C++ int, so hi defaults to 2^31 - 1 (the operators re-check with a checked
+    conversion)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise ValueError(f"{where}: {why or name + ' must be in ' + rng}, got {v}")
+    return v
+
+
+def _backend(b) -> str:
+    """'cpu' / 'cuda' from a backend name or a device."""
+    try:
+        name = b if b in BACKENDS else torch.device(b).type
+    except (TypeError, RuntimeError):
+        name = None
+    if name not in BACKENDS:
+        raise ValueError(f"locks: backend must be 'cpu' or 'cuda' (or a device), got {b!r}")
+    return name
+
+
+def _precision(p: str) -> int:
+    if not isinstance(p, str) or p not in PRECISIONS:
+        raise ValueError(f"locks: precision must be one of {tuple(PRECISIONS)}, got {p!r}")
+    return PRECISIONS[p]
+
+
+def _kv_dtype(t) -> torch.dtype:
+    if t not in KV_DTYPES:
+        raise ValueError(f"locks: kv_dtype must be one of {KV_DTYPES}, got {t!r}")
+    return t
+
+
+def precision_of(summaries: Sequence[torch.Tensor]) -> str:
+    """'fp32' or 'int4', from the number and dtypes of the summary tensors."""
+    if len(summaries) == 3 and summaries[0].dtype == torch.float32:
+        return "fp32"
+    if len(summaries) == 6 and summaries[0].dtype == torch.int8:
+        return "int4"
+    raise ValueError("locks: summaries must be 3 float32 tensors (mu, basis, coeff) or 6 int4-mode "
+                     "tensors (mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale)")
+
+
+# -- capability, plan, workspace --------------------------------------------------------------
+def supports(backend, *, head_dim: int, page_size: int = 16, group: int = 1,
+             kv_dtype: torch.dtype = torch.bfloat16, rank: int = 8,
+             precision: str = "int4") -> tuple[bool, str]:
+    """Can `backend` ('cpu' / 'cuda' or a device) run the decode step on this shape?
+    (ok, reason): the C++ capability query (include/locks/support.h), also answered by
+    builds without CUDA."""
+    reason = _ops.supports(BACKENDS[_backend(backend)],
+                           check_int("head_dim", head_dim), check_int("page_size", page_size),
+                           check_int("group", group), _kv_dtype(kv_dtype),
+                           check_int("rank", rank), _precision(precision))
+    return (reason == "", reason)
+
+
+def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int, max_batch: int,
+         max_blocks_per_seq: int, page_size: int = 16, rank: int = 8, precision: str = "int4",
+         kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
+         recent_pages: int = 0, scale: float | None = None, device="cpu") -> list[int]:
+    """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
+    Element 0 is the workspace size the backend needs, element 1 the selection capacity."""
+    backend = _backend(device)
+    if scale is None:
+        scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"locks: scale must be a float or None, got {type(scale).__name__}")
+    args = (BACKENDS[backend], check_int("num_blocks", num_blocks, lo=1, hi=None),
+            check_int("page_size", page_size, lo=1), check_int("num_kv_heads", num_kv_heads, lo=1),
+            check_int("head_dim", head_dim, lo=1), _kv_dtype(kv_dtype), check_int("rank", rank, lo=1),
+            _precision(precision), check_int("num_q_heads", num_q_heads, lo=1),
+            check_int("max_batch", max_batch, lo=1),
+            check_int("max_blocks_per_seq", max_blocks_per_seq, lo=1),
+            check_int("budget_tokens", budget_tokens, lo=0), check_int("sink_pages", sink_pages, lo=0),
+            check_int("recent_pages", recent_pages, lo=0), float(scale))
+    if backend == "cuda":
+        with torch.cuda.device(torch.device(device)):
+            return list(_ops.plan(*args))
+    return list(_ops.plan(*args))
+
+
+def workspace_bytes(**plan_kwargs) -> int:
+    """Bytes of workspace a DecodeWrapper planned with these arguments needs (the plan's
+    own size plus ALIGN bytes of slack: the operators align the start to 256 bytes)."""
+    return plan(**plan_kwargs)[0] + ALIGN
+
+
+def plan_capacity(plan_vector: Sequence[int]) -> int:
+    return int(plan_vector[1])
+
+
+def plan_workspace_bytes(plan_vector: Sequence[int]) -> int:
+    return int(plan_vector[0]) + ALIGN
 
 
 def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
                     sink_pages: int = 0, recent_pages: int = 0) -> int:
-    """Page slots per (sequence, KV head) for a budget: include/locks/select.h's select_capacity
-    (plain Python so that torch.compile traces it; the operator re-checks the capacity)."""
-    if sink_pages < 0 or recent_pages < 0:
-        raise ValueError(f"sink_pages and recent_pages must be >= 0, got {sink_pages}, {recent_pages}")
+    """Page slots per (sequence, KV head) for a budget: include/locks/rules.h's select_capacity
+    (plain Python so that torch.compile traces it; the plan computes the same in C++)."""
+    check_int("budget_tokens", budget_tokens, lo=0)
+    check_int("sink_pages", sink_pages, lo=0)
+    check_int("recent_pages", recent_pages, lo=0)
     if budget_tokens // page_size < sink_pages + recent_pages + 1:
         raise ValueError(
-            f"budget of {budget_tokens} tokens gives {budget_tokens // page_size} pages of {page_size}, "
-            f"fewer than sink ({sink_pages}) + recent ({recent_pages}) + 1 tail page")
+            f"locks: budget of {budget_tokens} tokens gives {budget_tokens // page_size} pages of "
+            f"{page_size}, fewer than sink ({sink_pages}) + recent ({recent_pages}) + 1 tail page")
     return min(-(-budget_tokens // page_size), max_blocks_per_seq)
 
 
-def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, s: Summaries) -> None:
-    """Build the summaries of the given (full) physical blocks, every KV head, in place."""
-    if isinstance(s, QuantSummaries):
-        _ops.summary_build_quant(k_cache, block_ids, *s)
-    else:
-        _ops.summary_build(k_cache, block_ids, *s)
+# -- summaries --------------------------------------------------------------------------------
+def new_summaries(num_blocks: int, num_kv_heads: int, head_dim: int, page_size: int = 16,
+                  rank: int = 8, device: torch.device | str = "cpu",
+                  precision: str = "fp32") -> Summaries | QuantSummaries:
+    """Zeroed summary storage for a cache of num_blocks pages; precision "fp32" or "int4"."""
+    check_int("page_size", page_size, lo=2)
+    check_int("rank", rank, lo=1, hi=page_size - 1, why=f"rank must be in [1, page_size) = [1, {page_size})")
+    n, h = check_int("num_blocks", num_blocks, lo=1, hi=None), check_int("num_kv_heads", num_kv_heads, lo=1)
+    d = check_int("head_dim", head_dim, lo=1)
+    _precision(precision)
+    z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
+    if precision == "fp32":
+        return Summaries(z(n, h, d), z(n, h, rank, d), z(n, h, page_size, rank))
+    return QuantSummaries(z(n, h, d, dt=torch.int8), z(n, h),
+                          z(n, h, rank, d // 2, dt=torch.uint8), z(n, h, rank),
+                          z(n, h, page_size, rank, dt=torch.int8), z(n, h, rank))
+
+
+def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summaries) -> None:
+    """Build the summaries of the given (full) physical blocks, every KV head, in place.
+    Non-finite keys are refused (ValueError on CPU; docs/python.md, NaN policy)."""
+    _ops.summary_build(k_cache, block_ids, list(summaries))
 
 
 def summary_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                   s: Summaries) -> None:
-    """After appending one token per sequence: rebuild the summary of each page that just filled."""
-    if isinstance(s, QuantSummaries):
-        _ops.summary_update_quant(k_cache, block_table, seq_lens, *s)
-    else:
-        _ops.summary_update(k_cache, block_table, seq_lens, *s)
+                   summaries, slot_mapping: torch.Tensor | None = None) -> None:
+    """After this step's K writes: rebuild the summary of each page that just filled. With
+    slot_mapping (int32 slots written this step, block * P + offset, -1 = padding): every
+    block whose last slot was written; without: the page each sequence's last token
+    completed (seq_lens after the append). On the device, no host sync: graph-safe."""
+    _ops.summary_update(k_cache, block_table, seq_lens, slot_mapping, list(summaries))
 
 
-def _scale(scale: float | None, head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+# -- one-shot helpers (plan per call: eager use and tests; loops and graphs: DecodeWrapper) ---
+def _one_shot(q, block_table, **kw):
+    from .wrapper import DecodeWrapper
+
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError("q: expected [batch, num_q_heads, head_dim]")
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError("block_table: expected [batch, max_blocks_per_seq]")
+    return DecodeWrapper.allocate(num_q_heads=q.shape[1], head_dim=q.shape[2],
+                                  max_batch=max(1, q.shape[0]),
+                                  max_blocks_per_seq=max(1, block_table.shape[1]),
+                                  device=q.device, **kw)
 
 
-def select_pages(q: torch.Tensor, s: Summaries, block_table: torch.Tensor, seq_lens: torch.Tensor,
+def select_pages(q: torch.Tensor, s, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  budget_tokens: int, sink_pages: int = 0, recent_pages: int = 0,
                  scale: float | None = None, pages: torch.Tensor | None = None,
-                 counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score pages from summaries, share-average over GQA groups, select under the budget."""
-    coeff = s.coeff_q if isinstance(s, QuantSummaries) else s.coeff  # [N, H, P, r]
-    batch, heads, page_size = q.shape[0], coeff.shape[1], coeff.shape[2]
-    if pages is None:
-        cap = select_capacity(budget_tokens, page_size, block_table.shape[1], sink_pages, recent_pages)
-        pages = torch.empty(batch, heads, cap, dtype=torch.int32, device=q.device)
-    if counts is None:
-        counts = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
-    op = _ops.select_pages_quant if isinstance(s, QuantSummaries) else _ops.select_pages
-    op(q, *s, block_table, seq_lens, budget_tokens, sink_pages, recent_pages,
-       _scale(scale, q.shape[-1]), pages, counts)
-    return pages, counts
+                 counts: torch.Tensor | None = None,
+                 kv_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score pages from summaries, share-average over GQA groups, select under the budget
+    (plans and allocates a workspace per call)."""
+    prec = precision_of(s)
+    coeff = s[4] if prec == "int4" else s[2]  # [N, H, P, r]
+    w = _one_shot(q, block_table, num_kv_heads=coeff.shape[1], page_size=coeff.shape[2],
+                  rank=coeff.shape[3], precision=prec, kv_dtype=kv_dtype, num_blocks=coeff.shape[0],
+                  budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
+                  scale=scale)
+    return w.select(q, s, block_table, seq_lens, pages=pages, counts=counts)
 
 
-def _outs(q, out, lse):
-    if out is None:
-        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    if lse is None:
-        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    return out, lse
+def _attention(q, k_cache, v_cache, block_table, seq_lens, pages, counts, scale, out, lse):
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
+        raise ValueError("k_cache: expected [num_blocks, page_size, num_kv_heads, head_dim]")
+    P = k_cache.shape[1]
+    cap = pages.shape[2] if pages is not None else block_table.shape[1]
+    # Attention needs no summaries: rank 1 fp32 is any valid layout; the budget is the one
+    # whose capacity is the selection's.
+    w = _one_shot(q, block_table, num_kv_heads=k_cache.shape[2], page_size=P, rank=1,
+                  precision="fp32", kv_dtype=k_cache.dtype, num_blocks=k_cache.shape[0],
+                  budget_tokens=max(cap, 1) * P, scale=scale)
+    return w.attend(q, k_cache, v_cache, block_table, seq_lens, pages=pages, counts=counts,
+                    out=out, lse=lse)
 
 
 def sparse_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -121,10 +250,9 @@ def sparse_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   counts: torch.Tensor, scale: float | None = None, out: torch.Tensor | None = None,
                   lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over the selected pages; returns (out [B, Hq, d], lse [B, Hq])."""
-    out, lse = _outs(q, out, lse)
-    _ops.sparse_decode(q, k_cache, v_cache, block_table, seq_lens, pages, counts,
-                       _scale(scale, q.shape[-1]), out, lse)
-    return out, lse
+    if pages is None or counts is None:
+        raise ValueError("sparse_decode: pages and counts are required (dense_decode for all pages)")
+    return _attention(q, k_cache, v_cache, block_table, seq_lens, pages, counts, scale, out, lse)
 
 
 def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -132,55 +260,50 @@ def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  out: torch.Tensor | None = None,
                  lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over every page (FullKV on the paged cache)."""
-    out, lse = _outs(q, out, lse)
-    _ops.dense_decode(q, k_cache, v_cache, block_table, seq_lens, _scale(scale, q.shape[-1]), out, lse)
-    return out, lse
+    return _attention(q, k_cache, v_cache, block_table, seq_lens, None, None, scale, out, lse)
 
 
-# Fake implementations: the ops only mutate their out tensors, so there is nothing to compute;
-# shapes are those the caller allocated.
+# -- fake implementations ---------------------------------------------------------------------
+# The ops only mutate their out tensors, so there is nothing to compute; shapes are those the
+# caller allocated. They also keep the C++ rule for real (non-fake) tensors: a call mixing
+# meta tensors with real ones, or on real meta tensors, is a ValueError, not a no-op that
+# leaves uninitialised outputs.
+def _check_devices(op: str, *tensors) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    flat = []
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            flat += [x for x in t if isinstance(x, torch.Tensor)]
+        elif isinstance(t, torch.Tensor):
+            flat.append(t)
+    devices = {t.device for t in flat}
+    if len(devices) > 1:
+        raise ValueError(f"locks.{op}: tensors on mixed devices {sorted(map(str, devices))}")
+    if any(t.device.type == "meta" and not isinstance(t, FakeTensor) for t in flat):
+        raise ValueError(f"locks.{op}: tensors on the meta device have no data; pass real tensors "
+                         "(tracing uses fake tensors)")
+
+
 @torch.library.register_fake("locks::summary_build")
-def _summary_build_fake(k_cache, block_ids, mu, basis, coeff):
-    return None
+def _summary_build_fake(k_cache, block_ids, summaries):
+    _check_devices("summary_build", k_cache, block_ids, summaries)
 
 
 @torch.library.register_fake("locks::summary_update")
-def _summary_update_fake(k_cache, block_table, seq_lens, mu, basis, coeff):
-    return None
+def _summary_update_fake(k_cache, block_table, seq_lens, slot_mapping, summaries):
+    _check_devices("summary_update", k_cache, block_table, seq_lens, slot_mapping, summaries)
 
 
 @torch.library.register_fake("locks::select_pages")
-def _select_pages_fake(q, mu, basis, coeff, block_table, seq_lens, budget_tokens, sink_pages,
-                       recent_pages, scale, pages, counts):
+def _select_pages_fake(workspace, plan, q, summaries, block_table, seq_lens, pages, counts):
+    _check_devices("select_pages", workspace, q, summaries, block_table, seq_lens, pages, counts)
     torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
-    return None
 
 
-@torch.library.register_fake("locks::summary_build_quant")
-def _summary_build_quant_fake(k_cache, block_ids, mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale):
-    return None
-
-
-@torch.library.register_fake("locks::summary_update_quant")
-def _summary_update_quant_fake(k_cache, block_table, seq_lens, mu_q, mu_scale, basis_q, basis_scale,
-                               coeff_q, coeff_scale):
-    return None
-
-
-@torch.library.register_fake("locks::select_pages_quant")
-def _select_pages_quant_fake(q, mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale, block_table,
-                             seq_lens, budget_tokens, sink_pages, recent_pages, scale, pages, counts):
-    torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
-    return None
-
-
-@torch.library.register_fake("locks::sparse_decode")
-def _sparse_decode_fake(q, k_cache, v_cache, block_table, seq_lens, pages, counts, scale, out, lse):
+@torch.library.register_fake("locks::decode_attention")
+def _decode_attention_fake(workspace, plan, q, k_cache, v_cache, block_table, seq_lens, pages,
+                           counts, out, lse):
+    _check_devices("decode_attention", workspace, q, k_cache, v_cache, block_table, seq_lens,
+                   pages, counts, out, lse)
     torch._check(out.shape == q.shape)
-    return None
-
-
-@torch.library.register_fake("locks::dense_decode")
-def _dense_decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, out, lse):
-    torch._check(out.shape == q.shape)
-    return None

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "internal/fast_exp.h"
+#include "internal/ops.h"
 #include "internal/simd_clones.h"
 #include "locks/error.h"
 #include "locks/score.h"
@@ -58,6 +59,18 @@ void aggregate_group(const float* s, int G, int M, float log_g, float* lse, floa
 
 void aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_heads,
                    int num_kv_heads, float* group_scores) {
+  const int G = num_kv_heads >= 1 ? num_q_heads / num_kv_heads : 0;
+  const detail::OwnedScratch sc(
+      detail::checked_bytes(impl::aggregate_scratch_bytes, G, batch.max_blocks_per_seq));
+  impl::aggregate_gqa(head_scores, batch, num_q_heads, num_kv_heads, group_scores, sc.view());
+}
+
+size_t impl::aggregate_scratch_bytes(int G, int M) {
+  return detail::carve_bytes<float>(size_t(G)) + 3 * detail::carve_bytes<float>(size_t(M));
+}
+
+void impl::aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_heads,
+                         int num_kv_heads, float* group_scores, const detail::ThreadScratch& sc) {
   LOCKS_REQUIRE(head_scores != nullptr && group_scores != nullptr, "null score array");
   LOCKS_REQUIRE(batch.batch_size >= 1, "batch is empty (batch_size ", batch.batch_size, ")");
   LOCKS_REQUIRE(batch.max_blocks_per_seq >= 1, "batch.max_blocks_per_seq must be >= 1, got ",
@@ -80,14 +93,18 @@ void aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_h
   const float log_g = std::log(float(G));
   const int64_t groups = int64_t(batch.batch_size) * Hkv;
   // Loops run over pages (contiguous) with the vectorizable exp: ~3 ns a score on one thread.
-#pragma omp parallel if (n >= 16384)
+  LOCKS_REQUIRE(sc.per_thread >= impl::aggregate_scratch_bytes(G, M), "scratch too small");
+#pragma omp parallel num_threads(sc.threads) if (n >= 16384)
   {
-    std::vector<float> lse(static_cast<size_t>(G)), buf(static_cast<size_t>(M)),
-        mx(static_cast<size_t>(M)), sum(static_cast<size_t>(M));
+    detail::Carver c(sc.slice(omp_get_thread_num()));
+    float* lse = c.take<float>(size_t(G));
+    float* buf = c.take<float>(size_t(M));
+    float* mx = c.take<float>(size_t(M));
+    float* sum = c.take<float>(size_t(M));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < groups; ++bg) {
-      aggregate_group(head_scores + bg * G * M, G, M, log_g, lse.data(), buf.data(), mx.data(),
-                      sum.data(), group_scores + bg * M);
+      aggregate_group(head_scores + bg * G * M, G, M, log_g, lse, buf, mx, sum,
+                      group_scores + bg * M);
     }
   }
 }

@@ -17,6 +17,7 @@
 
 #include "internal/check.h"
 #include "internal/fast_exp.h"
+#include "internal/ops.h"
 #include "internal/row_convert.h"
 #include "internal/simd_clones.h"
 #include "locks/attention.h"
@@ -28,6 +29,7 @@ namespace {
 constexpr int kChunkPages = 16;
 constexpr int kAhead = 1;  // pages prefetched ahead (2 measured no better)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 // A page's rows of one head are P runs of d elements, num_kv_heads * d apart: too
 // scattered for the hardware prefetcher, so the next page is requested while this one is
@@ -73,10 +75,20 @@ struct Scratch {
     float* sh = st + h * stride;
     float* acc = sh + 2;
     float mx = kNegInf;
+    bool bad = false;
     for (int s = 0; s < n; ++s) {
       const float x = detail::dot(qh, w.krow[s], d) * scale;
       w.logits[s] = x;
       mx = x > mx ? x : mx;
+      bad |= !(x < kPosInf);  // NaN or +inf (a NaN or Inf in K, or q.k overflowing float)
+    }
+    if (bad) {
+      // The exact softmax of a NaN or +inf logit is NaN. Without this the token would be
+      // dropped silently (the max skips NaN, exp_nonpos(NaN) is 0): poison the state instead
+      // so the head's output and lse are NaN (docs/bad_input.md, NaN policy).
+      sh[1] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(acc, acc + d, std::numeric_limits<float>::quiet_NaN());
+      continue;
     }
     if (mx > sh[0]) {  // new running max: rescale what was accumulated so far
       const float corr = std::exp(sh[0] - mx);
@@ -145,22 +157,38 @@ void attend_chunk(const KvCacheView& cache, const BatchView& batch, const QueryV
   }
 }
 
-// pages == nullptr means every page of every sequence, in order (dense).
+struct Item {
+  int b, c;
+};
+
+// pages == nullptr means every page of every sequence, in order (dense). shared: the chunk
+// bookkeeping and states (attention_shared_bytes), or nullptr to allocate what this
+// selection needs.
 void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q, float scale,
-            const int32_t* pages, const int32_t* counts, int capacity, const AttentionOutput& out) {
+            const int32_t* pages, const int32_t* counts, int capacity, const AttentionOutput& out,
+            const detail::ThreadScratch& sc, std::byte* shared, size_t shared_bytes) {
   const CacheLayout& L = cache.layout;
   const int P = L.page_size, Hkv = L.num_kv_heads, d = L.head_dim;
   const int Hq = q.num_q_heads, G = Hq / Hkv;
   const int64_t groups = int64_t(batch.batch_size) * Hkv;
+  const int M = batch.max_blocks_per_seq;
+  const int max_chunks = (M + kChunkPages - 1) / kChunkPages;
+  LOCKS_REQUIRE(sc.per_thread >= impl::attention_scratch_bytes(P, d), "scratch too small");
 
   // Chunks per (sequence, KV head), the offset of each one's first chunk state, and the
   // work items: (sequence, chunk index) up to the most chunks of any head of the sequence.
-  std::vector<int32_t> n_sel(static_cast<size_t>(groups));
-  std::vector<int64_t> first(static_cast<size_t>(groups) + 1, 0);
-  struct Item {
-    int b, c;
-  };
-  std::vector<Item> items;
+  std::vector<std::byte> owned;
+  if (shared == nullptr) {
+    shared_bytes = impl::attention_shared_bytes(batch.batch_size, Hkv, 0, M, d);
+    owned.resize(shared_bytes);
+    shared = owned.data();
+  }
+  detail::Carver carver(shared);
+  int32_t* n_sel = carver.take<int32_t>(size_t(groups));
+  int64_t* first = carver.take<int64_t>(size_t(groups) + 1);
+  Item* items = carver.take<Item>(size_t(batch.batch_size) * max_chunks);
+  first[0] = 0;
+  int64_t n_items = 0;
   int64_t work = 0;  // page x query-head units, ~1 us each at d = 128
   for (int b = 0; b < batch.batch_size; ++b) {
     int most = 0;
@@ -173,24 +201,36 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
       most = std::max(most, chunks);
       work += int64_t(n) * G;
     }
-    for (int c = 0; c < most; ++c) items.push_back({b, c});
+    for (int c = 0; c < most; ++c) items[n_items++] = {b, c};
   }
-  const int64_t n_items = static_cast<int64_t>(items.size());
   // Partial state per (sequence, KV head, chunk, query head of the group): [m, l, acc[d]].
   const int64_t stride = d + 2;
-  std::vector<float> part(static_cast<size_t>(first[size_t(groups)] * G * stride));
+  const size_t n_part = size_t(first[size_t(groups)] * G * stride);
+  const size_t head = impl::attention_shared_bytes(batch.batch_size, Hkv, 0, M, d);
+  std::vector<float> owned_part;
+  float* part;
+  if (!owned.empty()) {
+    owned_part.resize(n_part);
+    part = owned_part.data();
+  } else {
+    LOCKS_REQUIRE(head + n_part * sizeof(float) <= shared_bytes, "attention workspace too small");
+    part = reinterpret_cast<float*>(shared + head);
+  }
 
   // Threads only pay off beyond a few dozen page x head units (fork/join costs microseconds).
-#pragma omp parallel if (n_items > 1 && work >= 32)
+#pragma omp parallel num_threads(sc.threads) if (n_items > 1 && work >= 32)
   {
-    std::vector<float> kbuf(static_cast<size_t>(P) * d), vbuf(static_cast<size_t>(P) * d);
-    std::vector<float> logits(static_cast<size_t>(P));
-    std::vector<const float*> krow(static_cast<size_t>(P)), vrow(static_cast<size_t>(P));
-    Scratch scratch{kbuf.data(), vbuf.data(), logits.data(), krow.data(), vrow.data()};
+    detail::Carver c(sc.slice(omp_get_thread_num()));
+    float* kbuf = c.take<float>(size_t(P) * d);
+    float* vbuf = c.take<float>(size_t(P) * d);
+    float* logits = c.take<float>(size_t(P));
+    const float** krow = c.take<const float*>(size_t(P));
+    const float** vrow = c.take<const float*>(size_t(P));
+    Scratch scratch{kbuf, vbuf, logits, krow, vrow};
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
-      attend_chunk(cache, batch, q, scale, pages, capacity, n_sel.data(), first.data(),
-                   items[size_t(it)].b, items[size_t(it)].c, part.data(), scratch);
+      attend_chunk(cache, batch, q, scale, pages, capacity, n_sel, first, items[size_t(it)].b,
+                   items[size_t(it)].c, part, scratch);
     }
 
     // Merge each query head's chunk states in chunk order.
@@ -206,7 +246,7 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
       float* o = out.out + bh * d;
       std::fill(o, o + d, 0.0f);
       for (int64_t c = c0; c < c1; ++c) {
-        const float* sh = part.data() + (c * G + hg) * stride;
+        const float* sh = part + (c * G + hg) * stride;
         const float w = std::exp(sh[0] - m);
         l += sh[1] * w;
         for (int e = 0; e < d; ++e) o[e] += sh[2 + e] * w;
@@ -230,17 +270,48 @@ void check_common(const KvCacheView& cache, const BatchView& batch, const QueryV
 
 }  // namespace
 
+size_t impl::attention_scratch_bytes(int P, int d) {
+  using detail::carve_bytes;
+  return 2 * carve_bytes<float>(size_t(P) * d) + carve_bytes<float>(size_t(P)) +
+         2 * carve_bytes<const float*>(size_t(P));
+}
+
+// num_q_heads 0: the bookkeeping only (the chunk states follow it).
+size_t impl::attention_shared_bytes(int B, int Hkv, int Hq, int M, int d) {
+  using detail::carve_bytes;
+  const size_t groups = size_t(B) * Hkv, chunks = size_t((M + kChunkPages - 1) / kChunkPages);
+  return carve_bytes<int32_t>(groups) + carve_bytes<int64_t>(groups + 1) +
+         carve_bytes<Item>(size_t(B) * chunks) +
+         carve_bytes<float>(size_t(B) * Hq * chunks * size_t(d + 2));
+}
+
+void impl::decode_attention(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
+                            float scale, const Selection* sel, const AttentionOutput& out,
+                            const detail::ThreadScratch& sc, std::byte* shared,
+                            size_t shared_bytes) {
+  const char* where = sel ? "decode_attention_sparse" : "decode_attention_dense";
+  check_common(cache, batch, q, scale, out, where);
+  if (sel) {
+    detail::check_selection(*sel, batch, cache.layout.num_kv_heads, cache.layout.page_size, where);
+    attend(cache, batch, q, scale, sel->pages, sel->counts, sel->capacity, out, sc, shared,
+           shared_bytes);
+  } else {
+    attend(cache, batch, q, scale, nullptr, nullptr, 0, out, sc, shared, shared_bytes);
+  }
+}
+
 void decode_attention_dense(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                             float scale, const AttentionOutput& out) {
-  check_common(cache, batch, q, scale, out, __func__);
-  attend(cache, batch, q, scale, nullptr, nullptr, 0, out);
+  const detail::OwnedScratch sc(detail::checked_bytes(
+      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim));
+  impl::decode_attention(cache, batch, q, scale, nullptr, out, sc.view(), nullptr, 0);
 }
 
 void decode_attention_sparse(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                              float scale, const Selection& sel, const AttentionOutput& out) {
-  check_common(cache, batch, q, scale, out, __func__);
-  detail::check_selection(sel, batch, cache.layout.num_kv_heads, cache.layout.page_size, __func__);
-  attend(cache, batch, q, scale, sel.pages, sel.counts, sel.capacity, out);
+  const detail::OwnedScratch sc(detail::checked_bytes(
+      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim));
+  impl::decode_attention(cache, batch, q, scale, &sel, out, sc.view(), nullptr, 0);
 }
 
 }  // namespace locks::cpu

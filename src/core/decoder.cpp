@@ -1,8 +1,10 @@
-// cpu::Decoder: score -> aggregate -> select -> sparse attention, workspace sized at plan.
+// cpu::Decoder: score -> aggregate -> select -> sparse attention over the contract
+// (contract.h), with a workspace it owns.
 #include "locks/decoder.h"
 
 #include <cmath>
 
+#include "locks/contract.h"
 #include "locks/error.h"
 
 namespace locks::cpu {
@@ -54,13 +56,29 @@ void Decoder::run(const KvCacheView& cache, const SummaryView& summaries, const 
   const size_t B = size_t(batch.batch_size), M = size_t(batch.max_blocks_per_seq);
   head_scores_.resize(B * size_t(num_q_heads_) * M);  // within the reserved capacity
   group_scores_.resize(B * size_t(cache_.num_kv_heads) * M);
-  score_pages(summaries, batch, q, cfg_.scale, head_scores_.data());
-  aggregate_gqa(head_scores_.data(), batch, num_q_heads_, cache_.num_kv_heads,
-                group_scores_.data());
+  // The contract's plan for this summary layout (planned again only when rank or precision
+  // change; the workspace grows at most then).
+  if (!planned_ || plan_.params.summary.rank != S.rank ||
+      plan_.params.summary.precision != S.precision) {
+    DecodeParams p;
+    p.cache = cache_;
+    p.summary = S;
+    p.num_q_heads = num_q_heads_;
+    p.max_batch = max_batch_;
+    p.max_blocks_per_seq = max_blocks_;
+    p.select = cfg_.select;
+    p.scale = cfg_.scale;
+    plan_ = plan_decode(p);
+    planned_ = true;
+    workspace_.resize(plan_.workspace_bytes + 256);
+  }
+  const auto a = reinterpret_cast<uintptr_t>(workspace_.data());
+  const Workspace ws{workspace_.data() + ((256 - a % 256) % 256), plan_.workspace_bytes};
+  score_pages(plan_, ws, summaries, batch, q, head_scores_.data());
+  aggregate_gqa(plan_, ws, batch, head_scores_.data(), group_scores_.data());
   const Selection sel = selection();
-  select_pages(group_scores_.data(), batch, cache_.num_kv_heads, cache_.page_size, cfg_.select,
-               sel);
-  decode_attention_sparse(cache, batch, q, cfg_.scale, sel, out);
+  select_pages(plan_, ws, batch, group_scores_.data(), sel);
+  decode_attention_sparse(plan_, ws, cache, batch, q, sel, out);
 }
 
 Selection Decoder::selection() { return {pages_.data(), counts_.data(), capacity_}; }

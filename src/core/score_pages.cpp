@@ -8,6 +8,7 @@
 
 #include "internal/check.h"
 #include "internal/fast_exp.h"
+#include "internal/ops.h"
 #include "internal/row_convert.h"
 #include "internal/simd_clones.h"
 #include "locks/error.h"
@@ -104,6 +105,22 @@ void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float
 
 void score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                  float scale, float* head_scores) {
+  const SummaryLayout& l = summaries.layout;
+  const int G = l.num_kv_heads >= 1 ? q.num_q_heads / l.num_kv_heads : 0;
+  const detail::OwnedScratch sc(
+      detail::checked_bytes(impl::score_scratch_bytes, G, l.rank, l.head_dim, l.page_size));
+  impl::score_pages(summaries, batch, q, scale, head_scores, sc.view());
+}
+
+size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
+  using detail::carve_bytes;
+  return carve_bytes<float>(size_t(d)) + carve_bytes<float>(size_t(G) * r) +
+         carve_bytes<float>(size_t(G)) + carve_bytes<float>(size_t(P)) +
+         carve_bytes<float>(size_t(r) * P);
+}
+
+void impl::score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                       float scale, float* head_scores, const detail::ThreadScratch& sc) {
   const SummaryLayout& sl = summaries.layout;
   validate_summary_layout(sl);
   detail::check_batch_blocks(batch, sl.num_blocks, sl.page_size, __func__);
@@ -127,11 +144,13 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   // Threads only pay off beyond a few hundred page scores (fork/join costs microseconds).
-#pragma omp parallel if (items * G >= 256)
+  LOCKS_REQUIRE(sc.per_thread >= impl::score_scratch_bytes(G, r, d, P), "scratch too small");
+#pragma omp parallel num_threads(sc.threads) if (items * G >= 256)
   {
-    std::vector<float> row(static_cast<size_t>(d)), proj(static_cast<size_t>(G) * r),
-        qmu(static_cast<size_t>(G)), logits(static_cast<size_t>(P)), ct(static_cast<size_t>(r) * P);
-    const Scratch w{row.data(), proj.data(), qmu.data(), logits.data(), ct.data()};
+    detail::Carver c(sc.slice(omp_get_thread_num()));
+    const Scratch w{c.take<float>(size_t(d)), c.take<float>(size_t(G) * r),
+                    c.take<float>(size_t(G)), c.take<float>(size_t(P)),
+                    c.take<float>(size_t(r) * P)};
     // Dynamic chunks: a thread that the OS deschedules (a shared machine) does not hold
     // the others at the barrier; results do not depend on which thread scores an item.
 #pragma omp for schedule(dynamic, 64)

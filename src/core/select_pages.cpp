@@ -1,41 +1,33 @@
-// validate_select, select_capacity, cpu::select_pages: the budget rules of select.h.
+// cpu::select_pages: the budget rules of select.h (rules.h) on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "internal/check.h"
+#include "internal/ops.h"
 #include "locks/error.h"
+#include "locks/rules.h"
 #include "locks/select.h"
 
 namespace locks {
-
-void validate_select(const SelectConfig& cfg, int page_size) {
-  LOCKS_REQUIRE(page_size >= 1, "page_size must be >= 1, got ", page_size);
-  LOCKS_REQUIRE(cfg.budget_tokens >= 0, "budget_tokens must be >= 0, got ", cfg.budget_tokens);
-  LOCKS_REQUIRE(cfg.sink_pages >= 0, "sink_pages must be >= 0, got ", cfg.sink_pages);
-  LOCKS_REQUIRE(cfg.recent_pages >= 0, "recent_pages must be >= 0, got ", cfg.recent_pages);
-  const int64_t k = cfg.budget_tokens / page_size;
-  const int64_t need = int64_t(cfg.sink_pages) + cfg.recent_pages + 1;
-  LOCKS_REQUIRE(k >= need, "budget of ", cfg.budget_tokens, " tokens gives ", k, " pages of ",
-                page_size, ", fewer than sink (", cfg.sink_pages, ") + recent (", cfg.recent_pages,
-                ") + 1 tail page");
-}
-
-int select_capacity(const SelectConfig& cfg, int page_size, int max_blocks_per_seq) {
-  validate_select(cfg, page_size);
-  LOCKS_REQUIRE(max_blocks_per_seq >= 1, "max_blocks_per_seq must be >= 1, got ",
-                max_blocks_per_seq);
-  // ceil(b / P) covers both cases: floor(b / P) pages when b < seq_len, and every page
-  // (ceil(seq_len / P) <= ceil(b / P)) when b >= seq_len, also for b not a multiple of P.
-  const int64_t pages = (int64_t(cfg.budget_tokens) + page_size - 1) / page_size;
-  return static_cast<int>(std::min<int64_t>(pages, max_blocks_per_seq));
-}
 
 namespace cpu {
 
 void select_pages(const float* group_scores, const BatchView& batch, int num_kv_heads,
                   int page_size, const SelectConfig& cfg, const Selection& out) {
+  const detail::OwnedScratch sc(
+      detail::checked_bytes(impl::select_scratch_bytes, batch.max_blocks_per_seq));
+  impl::select_pages(group_scores, batch, num_kv_heads, page_size, cfg, out, sc.view());
+}
+
+size_t impl::select_scratch_bytes(int M) {
+  return detail::carve_bytes<char>(size_t(M)) + detail::carve_bytes<int32_t>(size_t(M));
+}
+
+void impl::select_pages(const float* group_scores, const BatchView& batch, int num_kv_heads,
+                        int page_size, const SelectConfig& cfg, const Selection& out,
+                        const detail::ThreadScratch& sc) {
   validate_select(cfg, page_size);
   LOCKS_REQUIRE(page_size >= 2 && page_size <= 256, "page_size must be in [2, 256], got ",
                 page_size);
@@ -53,23 +45,25 @@ void select_pages(const float* group_scores, const BatchView& batch, int num_kv_
   }
 
   // ~10 ns a page on one thread (0.2 ms at 32K tokens, 8 KV heads): threaded from 4K pages.
-#pragma omp parallel if (groups * M >= 4096)
+  LOCKS_REQUIRE(sc.per_thread >= impl::select_scratch_bytes(M), "scratch too small");
+#pragma omp parallel num_threads(sc.threads) if (groups * M >= 4096)
   {
-    std::vector<char> chosen(static_cast<size_t>(M));
-    std::vector<int32_t> cand(static_cast<size_t>(M));
+    detail::Carver carver(sc.slice(omp_get_thread_num()));
+    char* chosen = carver.take<char>(size_t(M));
+    int32_t* cand = carver.take<int32_t>(size_t(M));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int b = static_cast<int>(bg / num_kv_heads);
       const int32_t len = batch.seq_lens[b];
-      const int n_pages = detail::num_pages(len, P);
-      const int full = len / P;
+      const int n_pages = rules::num_pages(len, P);
+      const int full = rules::full_pages(len, P);
       const float* s = group_scores + bg * M;
       int32_t* pages = out.pages + bg * out.capacity;
-      std::fill(chosen.begin(), chosen.begin() + n_pages, 0);
-      if (cfg.budget_tokens >= len) {
-        std::fill(chosen.begin(), chosen.begin() + n_pages, 1);
+      std::fill(chosen, chosen + n_pages, 0);
+      if (rules::selects_all(cfg.budget_tokens, len)) {
+        std::fill(chosen, chosen + n_pages, 1);
       } else {
-        const int k = cfg.budget_tokens / P;  // < n_pages here
+        const int k = int(rules::budget_pages(cfg.budget_tokens, P));  // < n_pages here
         int taken = 0;
         auto take = [&](int j) {
           if (!chosen[size_t(j)]) {
@@ -88,7 +82,7 @@ void select_pages(const float* group_scores, const BatchView& batch, int num_kv_
           auto better = [s](int32_t x, int32_t y) {
             return s[x] > s[y] || (s[x] == s[y] && x < y);  // ties to the lower index
           };
-          std::nth_element(cand.begin(), cand.begin() + (slots - 1), cand.begin() + nc, better);
+          std::nth_element(cand, cand + (slots - 1), cand + nc, better);
           for (int i = 0; i < slots; ++i) take(cand[size_t(i)]);
         }
       }

@@ -1,4 +1,5 @@
-// Shared device helpers of locks_cuda: error checks, element loads, ordered float keys.
+// Shared device helpers of locks_cuda: element loads, ordered float keys (the error check
+// macro is locks/cuda/check.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -6,18 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
+#include "locks/cuda/check.h"
 #include "locks/dtype.h"
 
 namespace locks::cuda::detail {
-
-inline void check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorString(e) + " at " + file +
-                             ":" + std::to_string(line) + " (" + what + ")");
-}
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
@@ -54,5 +48,3 @@ __device__ __forceinline__ void lse_merge(float& m, float& l, float m2, float l2
 
 }  // namespace locks::cuda::detail
 
-#define LOCKS_CUDA_CHECK(x) ::locks::cuda::detail::check((x), #x, __FILE__, __LINE__)
-#define LOCKS_CUDA_LAUNCHED() LOCKS_CUDA_CHECK(cudaGetLastError())

@@ -9,13 +9,13 @@
 // own pair comes through shuffles. The cuSOLVER path reuses the same load / epilogue code
 // around cusolverDnSsyevjBatched. build_filled uses the latency kernel of
 // summary_build_filled.cuh instead (a block of 256 threads per problem).
-#include <cusolverDn.h>
-
 #include "common.cuh"
-#include "locks/cuda/summary_builder.h"
+#include "locks/contract.h"
+#include "locks/cuda/limits.h"
 #include "locks/error.h"
 #include "summary_build_common.cuh"
 #include "summary_build_filled.cuh"
+#include "summary_stages.h"
 
 namespace locks::cuda {
 namespace {
@@ -250,24 +250,6 @@ size_t smem_bytes(int d) {
   return size_t(kWarps) * kPerWarp * (kP * (d + 4) + kP * kP + d + kP) * sizeof(float);
 }
 
-struct CusolverState {
-  cusolverDnHandle_t handle = nullptr;
-  syevjInfo_t params = nullptr;
-  float* gram = nullptr;
-  float* eig = nullptr;
-  float* work = nullptr;
-  int* info = nullptr;
-  int lwork = 0;
-};
-
-#define CUSOLVER_CHECK(x)                                                                 \
-  do {                                                                                    \
-    const cusolverStatus_t st = (x);                                                      \
-    if (st != CUSOLVER_STATUS_SUCCESS)                                                    \
-      throw std::runtime_error(std::string("cuSOLVER error ") + std::to_string(int(st)) + \
-                               " in " #x);                                                \
-  } while (0)
-
 Out make_out(const SummaryView& v) {
   return {
       v.mu,      v.basis,       v.coeff,   v.mu_q,        v.mu_scale,
@@ -301,6 +283,11 @@ void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work,
   const size_t sm = smem_bytes(d);
   auto go = [&](auto* k) {
     using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+    // Above the default 48 KB (large head_dim) the kernel needs the attribute (host call,
+    // no sync, idempotent).
+    if (sm > 48 * 1024)
+      LOCKS_CUDA_CHECK(cudaFuncSetAttribute(summary_kernel<TT, S>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
     summary_kernel<TT, S>
         <<<unsigned(blocks), kWarps * 32, sm, st>>>(k, H, d, r, work, out, gram, evec, eval);
   };
@@ -308,116 +295,104 @@ void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work,
   LOCKS_CUDA_LAUNCHED();
 }
 
-void check_views(const CacheLayout& cl, const SummaryLayout& sl, const KvCacheView& cache,
-                 const SummaryView& out) {
-  LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
-  LOCKS_REQUIRE(cache.layout.num_blocks == cl.num_blocks &&
-                    cache.layout.page_size == cl.page_size &&
-                    cache.layout.num_kv_heads == cl.num_kv_heads &&
-                    cache.layout.head_dim == cl.head_dim && cache.layout.dtype == cl.dtype,
-                "cache layout differs from the planned one");
-  LOCKS_REQUIRE(out.layout.num_blocks == sl.num_blocks && out.layout.rank == sl.rank &&
-                    out.layout.precision == sl.precision && out.layout.head_dim == sl.head_dim &&
-                    out.layout.num_kv_heads == sl.num_kv_heads,
-                "summary layout differs from the planned one");
-  if (sl.precision == Precision::fp32)
-    LOCKS_REQUIRE(out.mu && out.basis && out.coeff, "fp32 summary arrays are null");
-  else
-    LOCKS_REQUIRE(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
-                      out.coeff_scale,
-                  "quant summary arrays are null");
+// The views of a summary build: layouts valid and matching, arrays present, and a shape the
+// kernels implement (Unsupported otherwise).
+void check_layouts(const CacheLayout& cl, const SummaryLayout& sl, const char* where) {
+  validate_layout(cl);
+  validate_summary_layout(sl);
+  if (sl.num_blocks != cl.num_blocks || sl.page_size != cl.page_size ||
+      sl.num_kv_heads != cl.num_kv_heads || sl.head_dim != cl.head_dim)
+    locks::detail::fail(where, "summary layout does not match the cache layout");
+  if (cl.page_size != kP)
+    locks::detail::fail_as<Unsupported>(where, "the CUDA summary build needs page_size ", kP,
+                                        ", got ", cl.page_size);
+  if (!(cl.head_dim % 8 == 0 && cl.head_dim <= sb::kMaxD))
+    locks::detail::fail_as<Unsupported>(where,
+                                        "the CUDA summary build needs head_dim a multiple of 8 "
+                                        "and <= ",
+                                        sb::kMaxD, ", got ", cl.head_dim);
+}
+
+void check_views(const KvCacheView& cache, const SummaryView& out, const char* where) {
+  check_layouts(cache.layout, out.layout, where);
+  const SummaryLayout& sl = out.layout;
+  if (cache.k == nullptr) locks::detail::fail(where, "cache.k is null");
+  if (sl.precision == Precision::fp32) {
+    if (!(out.mu && out.basis && out.coeff)) locks::detail::fail(where, "fp32 summary arrays are null");
+  } else if (!(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
+               out.coeff_scale)) {
+    locks::detail::fail(where, "quant summary arrays are null");
+  }
+}
+
+// The latency kernel over one item per sequence (filled) or slot (slots): a block per
+// (item, KV head), grid from the item count only.
+void launch_filled(const KvCacheView& cache, const SummaryView& out, const Work& w,
+                   cudaStream_t stream) {
+  const int H = cache.layout.num_kv_heads, d = cache.layout.head_dim, r = out.layout.rank;
+  const int64_t blocks = w.n_items * H;
+  if (blocks == 0) return;
+  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "too many items: ", w.n_items);
+  const Out o = make_out(out);
+  auto go = [&](auto* k) {
+    using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+    sb::filled_kernel<TT><<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o);
+  };
+  with_typed_keys(cache, go);
+  LOCKS_CUDA_LAUNCHED();
+}
+
+Work list_work(const int32_t* block_ids, int64_t n_blocks) {
+  Work w{block_ids, n_blocks, nullptr, 0, nullptr, 0, false};
+  return w;
 }
 
 }  // namespace
 
-SummaryBuilder::SummaryBuilder(const CacheLayout& cache, const SummaryLayout& summary,
-                               Solver solver, int64_t max_pages_per_call)
-    : cache_(cache), summary_(summary), solver_(solver), max_pages_(max_pages_per_call) {
-  validate_layout(cache);
-  validate_summary_layout(summary);
-  LOCKS_REQUIRE(cache.page_size == kP, "the CUDA summary build needs page_size 16, got ",
-                cache.page_size);
-  LOCKS_REQUIRE(cache.head_dim % 8 == 0 && cache.head_dim <= 128,
-                "the CUDA summary build needs head_dim a multiple of 8 and <= 128, got ",
-                cache.head_dim);
-  LOCKS_REQUIRE(summary.num_blocks == cache.num_blocks && summary.page_size == cache.page_size &&
-                    summary.num_kv_heads == cache.num_kv_heads &&
-                    summary.head_dim == cache.head_dim,
-                "summary layout does not match the cache layout");
-  LOCKS_REQUIRE(max_pages_per_call >= 1, "max_pages_per_call must be >= 1, got ",
-                max_pages_per_call);
-  const size_t sm = smem_bytes(cache.head_dim);
-  for (auto f : {(const void*)summary_kernel<float, Stage::jacobi>,
-                 (const void*)summary_kernel<__half, Stage::jacobi>,
-                 (const void*)summary_kernel<__nv_bfloat16, Stage::jacobi>,
-                 (const void*)summary_kernel<float, Stage::gram_only>,
-                 (const void*)summary_kernel<__half, Stage::gram_only>,
-                 (const void*)summary_kernel<__nv_bfloat16, Stage::gram_only>,
-                 (const void*)summary_kernel<float, Stage::from_eig>,
-                 (const void*)summary_kernel<__half, Stage::from_eig>,
-                 (const void*)summary_kernel<__nv_bfloat16, Stage::from_eig>})
-    LOCKS_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
-  if (solver == Solver::cusolver) {
-    auto* s = new CusolverState;
-    solver_state_ = s;
-    const int64_t n = max_pages_per_call * cache.num_kv_heads;
-    LOCKS_REQUIRE(n < (int64_t(1) << 31) / 256, "max_pages_per_call too large for cuSOLVER");
-    CUSOLVER_CHECK(cusolverDnCreate(&s->handle));
-    CUSOLVER_CHECK(cusolverDnCreateSyevjInfo(&s->params));
-    CUSOLVER_CHECK(cusolverDnXsyevjSetTolerance(s->params, 1e-7));
-    CUSOLVER_CHECK(cusolverDnXsyevjSetMaxSweeps(s->params, 15));
-    // Pad the batch to whole blocks of the Gram kernel so it can write every slot.
-    const int64_t n_pad = (n + 3) / 4 * 4 + 4;
-    LOCKS_CUDA_CHECK(cudaMalloc(&s->gram, size_t(n_pad) * 256 * sizeof(float)));
-    LOCKS_CUDA_CHECK(cudaMalloc(&s->eig, size_t(n_pad) * 16 * sizeof(float)));
-    LOCKS_CUDA_CHECK(cudaMalloc(&s->info, size_t(n_pad) * sizeof(int)));
-    CUSOLVER_CHECK(cusolverDnSsyevjBatched_bufferSize(s->handle, CUSOLVER_EIG_MODE_VECTOR,
-                                                      CUBLAS_FILL_MODE_LOWER, 16, s->gram, 16,
-                                                      s->eig, &s->lwork, s->params, int(n)));
-    LOCKS_CUDA_CHECK(cudaMalloc(&s->work, size_t(s->lwork) * sizeof(float)));
-  }
+namespace detail {
+
+void check_summary_layouts(const CacheLayout& cache, const SummaryLayout& summary,
+                           const char* where) {
+  check_layouts(cache, summary, where);
 }
 
-SummaryBuilder::~SummaryBuilder() {
-  if (auto* s = static_cast<CusolverState*>(solver_state_)) {
-    cudaFree(s->gram);
-    cudaFree(s->eig);
-    cudaFree(s->work);
-    cudaFree(s->info);
-    cusolverDnDestroySyevjInfo(s->params);
-    cusolverDnDestroy(s->handle);
-    delete s;
-  }
+void check_summary_views(const KvCacheView& cache, const SummaryView& out, const char* where) {
+  check_views(cache, out, where);
 }
 
-void SummaryBuilder::build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
-                           const SummaryView& out, cudaStream_t stream) {
-  check_views(cache_, summary_, cache, out);
-  LOCKS_REQUIRE(n_blocks >= 0 && n_blocks <= max_pages_, "n_blocks ", n_blocks,
-                " outside [0, max_pages_per_call = ", max_pages_, "]");
+void launch_summary_gram(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                         const SummaryView& out, float* gram, cudaStream_t st) {
+  launch<Stage::gram_only>(cache, out.layout, list_work(block_ids, n_blocks),
+                           n_blocks * cache.layout.num_kv_heads, make_out(out), gram, nullptr,
+                           nullptr, st);
+}
+
+void launch_summary_from_eig(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                             const SummaryView& out, const float* evec, const float* eval,
+                             cudaStream_t st) {
+  launch<Stage::from_eig>(cache, out.layout, list_work(block_ids, n_blocks),
+                          n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, evec,
+                          eval, st);
+}
+
+}  // namespace detail
+
+void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                   const SummaryView& out, cudaStream_t stream) {
+  check_views(cache, out, __func__);
+  LOCKS_REQUIRE(n_blocks >= 0, "n_blocks must be >= 0, got ", n_blocks);
   if (n_blocks == 0) return;
   LOCKS_REQUIRE(block_ids != nullptr, "block_ids is null");
-  Work w{block_ids, n_blocks, nullptr, 0, nullptr, 0, false};
-  const int64_t problems = n_blocks * cache_.num_kv_heads;
-  const Out o = make_out(out);
-  if (solver_ == Solver::warp_jacobi) {
-    launch<Stage::jacobi>(cache, summary_, w, problems, o, nullptr, nullptr, nullptr, stream);
-    return;
-  }
-  auto* s = static_cast<CusolverState*>(solver_state_);
-  launch<Stage::gram_only>(cache, summary_, w, problems, o, s->gram, nullptr, nullptr, stream);
-  CUSOLVER_CHECK(cusolverDnSetStream(s->handle, stream));
-  CUSOLVER_CHECK(cusolverDnSsyevjBatched(s->handle, CUSOLVER_EIG_MODE_VECTOR,
-                                         CUBLAS_FILL_MODE_LOWER, 16, s->gram, 16, s->eig, s->work,
-                                         s->lwork, s->info, s->params, int(problems)));
-  launch<Stage::from_eig>(cache, summary_, w, problems, o, nullptr, s->gram, s->eig, stream);
+  launch<Stage::jacobi>(cache, out.layout, list_work(block_ids, n_blocks),
+                        n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, nullptr,
+                        nullptr, stream);
 }
 
-void SummaryBuilder::build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
-                                  const SummaryView& out, cudaStream_t stream) {
-  check_views(cache_, summary_, cache, out);
-  LOCKS_REQUIRE(solver_ == Solver::warp_jacobi, "build_filled needs the warp_jacobi solver");
-  LOCKS_REQUIRE(appended >= 1 && appended <= kP, "appended must be in [1, 16], got ", appended);
+void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                          const SummaryView& out, cudaStream_t stream) {
+  check_views(cache, out, __func__);
+  LOCKS_REQUIRE(appended >= 1 && appended <= kP, "appended must be in [1, ", kP, "], got ",
+                appended);
   LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
                 "batch is empty or has null arrays");
   Work w{nullptr,
@@ -427,17 +402,19 @@ void SummaryBuilder::build_filled(const KvCacheView& cache, const BatchView& bat
          batch.seq_lens,
          appended,
          true};
-  // Latency kernel: a block per (sequence, KV head), grid from the batch size only.
-  const int H = cache_.num_kv_heads, d = cache_.head_dim, r = summary_.rank;
-  const int64_t blocks = int64_t(batch.batch_size) * H;
-  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "batch too large: ", batch.batch_size);
-  const Out o = make_out(out);
-  auto go = [&](auto* k) {
-    using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
-    sb::filled_kernel<TT><<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o);
-  };
-  with_typed_keys(cache, go);
-  LOCKS_CUDA_LAUNCHED();
+  launch_filled(cache, out, w, stream);
+}
+
+void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
+                         const SummaryView& out, cudaStream_t stream) {
+  check_views(cache, out, __func__);
+  LOCKS_REQUIRE(n_slots >= 0, "n_slots must be >= 0, got ", n_slots);
+  if (n_slots == 0) return;
+  LOCKS_REQUIRE(slot_mapping != nullptr, "slot_mapping is null");
+  Work w{nullptr, n_slots, nullptr, 0, nullptr, 1, true};
+  w.slots = slot_mapping;
+  w.num_blocks = cache.layout.num_blocks;
+  launch_filled(cache, out, w, stream);
 }
 
 }  // namespace locks::cuda

@@ -20,6 +20,10 @@ struct Work {
   const int32_t* seq_lens;
   int appended;
   bool filled;
+  // slots mode (summary_build_slots): item i is slot slots[i] (block * P + offset, negative
+  // = padding); it builds block slot / P when offset == P - 1 and the block is < num_blocks.
+  const int32_t* slots = nullptr;
+  int64_t num_blocks = 0;
 };
 
 struct Out {
@@ -38,6 +42,10 @@ struct Out {
 // Physical block of problem item (or -1 when there is nothing to build).
 __device__ __forceinline__ int32_t resolve_block(const Work& w, int64_t item) {
   if (item >= w.n_items) return -1;
+  if (w.slots) {
+    const int32_t s = w.slots[item];
+    return (s >= 0 && s % kP == kP - 1 && s / kP < w.num_blocks) ? s / kP : -1;
+  }
   if (!w.filled) return w.block_ids[item];
   const int32_t len = w.seq_lens[item];
   const int32_t before = max(len - w.appended, 0);

@@ -1,14 +1,17 @@
 // Reading, validating and writing KV captures (format: docs/capture_format.md).
 #include "locks/eval/capture.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "locks/error.h"
+#include "locks/io/files.h"
 #include "locks/npy.h"
 
 namespace locks::eval {
@@ -48,15 +51,75 @@ std::vector<float> load_checked(const std::string& path, const std::vector<int64
   return std::move(a.data);
 }
 
-template <typename T>
-T get_field(const json& j, const char* key, const char* type_name) {
+// Limits of what read_capture_meta accepts: a meta.json is a few hundred bytes; nesting
+// and size are bounded so that a hostile file cannot exhaust the stack or the memory.
+constexpr int kMaxJsonDepth = 64;
+constexpr int64_t kMaxMetaBytes = int64_t(16) << 20;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// A value for an error message, cut short.
+std::string brief(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+const json& field(const json& j, const char* key) {
   LOCKS_REQUIRE(j.contains(key), "meta.json: missing field \"", key, "\"");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    detail::fail("read_capture_meta", "meta.json: field \"", key, "\" must be ", type_name,
-                 ", got ", j.at(key).dump());
+  return j.at(key);
+}
+
+// The one checked conversion of a JSON number to an integer: a JSON integer (not a float
+// such as 1.9 or 1e300, not a boolean) within [lo, hi], else a locks::Error naming the field.
+int64_t checked_int(const json& v, const std::string& what, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer())  // false for booleans, floats, strings, ...
+    detail::fail("read_capture_meta", "meta.json: ", what, " must be an integer, got ", brief(v));
+  bool in_range = false;
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(hi);
+    x = in_range ? static_cast<int64_t>(u) : 0;
+    in_range = in_range && x >= lo;
+  } else {
+    x = v.get<int64_t>();
+    in_range = x >= lo && x <= hi;
   }
+  if (!in_range)
+    detail::fail("read_capture_meta", "meta.json: ", what, " = ", brief(v), " is out of range [",
+                 lo, ", ", hi, "]");
+  return x;
+}
+
+int64_t get_int(const json& j, const char* key, int64_t lo, int64_t hi) {
+  return checked_int(field(j, key), std::string("field \"") + key + "\"", lo, hi);
+}
+
+std::string get_string(const json& j, const char* key) {
+  const json& v = field(j, key);
+  if (!v.is_string())
+    detail::fail("read_capture_meta", "meta.json: field \"", key, "\" must be a string, got ",
+                 brief(v));
+  return v.get<std::string>();
+}
+
+// Parses text, refusing nesting deeper than kMaxJsonDepth before any deep value is built
+// (the parser itself is iterative; copying or printing a deep value would recurse).
+json parse_bounded(const std::string& text, const std::string& path) {
+  bool too_deep = false;
+  json j;
+  try {
+    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) too_deep = true;
+      return !too_deep;  // once too deep, keep nothing more
+    });
+  } catch (const json::exception& e) {
+    detail::fail("read_capture_meta", path, ": not valid JSON (", e.what(), ")");
+  }
+  if (too_deep)
+    detail::fail("read_capture_meta", path, ": JSON nested more than ", kMaxJsonDepth,
+                 " levels deep");
+  return j;
 }
 
 }  // namespace
@@ -91,27 +154,28 @@ CaptureMeta read_capture_meta(const std::string& dir) {
   LOCKS_REQUIRE(fs::is_directory(dir), "capture directory not found: ", dir);
   const std::string path = (fs::path(dir) / "meta.json").string();
   LOCKS_REQUIRE(fs::exists(path), "capture has no meta.json: ", path);
-  std::ifstream in(path);
-  LOCKS_REQUIRE(in.good(), "cannot open ", path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    detail::fail("read_capture_meta", path, ": not valid JSON (", e.what(), ")");
-  }
+  const json j = parse_bounded(io::read_text_file(path, "read_capture_meta", kMaxMetaBytes), path);
   LOCKS_REQUIRE(j.is_object(), path, ": top level must be a JSON object");
   CaptureMeta m;
-  m.model = get_field<std::string>(j, "model", "a string");
-  m.num_layers = get_field<int>(j, "num_layers", "an integer");
-  m.layers = get_field<std::vector<int>>(j, "layers", "a list of integers");
-  m.kv_heads = get_field<int>(j, "kv_heads", "an integer");
-  m.q_heads = get_field<int>(j, "q_heads", "an integer");
-  m.head_dim = get_field<int>(j, "head_dim", "an integer");
-  m.positional_encoding = get_field<std::string>(j, "positional_encoding", "a string");
-  m.keys = get_field<std::string>(j, "keys", "a string");
-  m.tokens = get_field<int64_t>(j, "tokens", "an integer");
-  m.steps = get_field<int64_t>(j, "steps", "an integer");
-  m.dtype = get_field<std::string>(j, "dtype", "a string");
+  m.model = get_string(j, "model");
+  m.num_layers = static_cast<int>(get_int(j, "num_layers", 1, 1 << 20));
+  const json& layers = field(j, "layers");
+  if (!layers.is_array())
+    detail::fail("read_capture_meta",
+                 "meta.json: field \"layers\" must be a list of integers, got ", brief(layers));
+  LOCKS_REQUIRE(layers.size() <= (size_t(1) << 20), "meta.json: field \"layers\" lists ",
+                layers.size(), " entries (more than 2^20)");
+  for (size_t i = 0; i < layers.size(); ++i)
+    m.layers.push_back(
+        static_cast<int>(checked_int(layers[i], "layers[" + std::to_string(i) + "]", 0, 1 << 20)));
+  m.kv_heads = static_cast<int>(get_int(j, "kv_heads", 1, 1 << 16));
+  m.q_heads = static_cast<int>(get_int(j, "q_heads", 1, 1 << 16));
+  m.head_dim = static_cast<int>(get_int(j, "head_dim", 1, 1 << 16));
+  m.positional_encoding = get_string(j, "positional_encoding");
+  m.keys = get_string(j, "keys");
+  m.tokens = get_int(j, "tokens", 1, kMaxInt32);  // sequence lengths are int32 in the core
+  m.steps = get_int(j, "steps", 1, kMaxInt32);
+  m.dtype = get_string(j, "dtype");
   json extra = json::object();
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
@@ -121,6 +185,27 @@ CaptureMeta read_capture_meta(const std::string& dir) {
   m.extra_json = extra.dump();
   validate_capture_meta(m);
   return m;
+}
+
+void check_logit_range(const float* q, int64_t nq, const float* k, int64_t nk, int head_dim,
+                       double scale, const std::string& what) {
+  auto max_norm = [&](const float* x, int64_t rows) {
+    double best = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int i = 0; i < head_dim; ++i) s += double(x[r * head_dim + i]) * x[r * head_dim + i];
+      best = std::max(best, s);
+    }
+    return std::sqrt(best);
+  };
+  const double qn = max_norm(q, nq), kn = max_norm(k, nk), bound = qn * kn * scale;
+  if (!(bound <= kMaxLogitBound)) {
+    std::ostringstream os;
+    os << what << ": values too large for float32 scores: max |q| * max |k| * scale = " << bound
+       << " exceeds " << kMaxLogitBound << " (max |q| = " << qn << ", max |k| = " << kn
+       << "); the dot products would overflow";
+    throw Error(os.str());
+  }
 }
 
 void check_capture_files(const std::string& dir, const CaptureMeta& m) {
@@ -143,6 +228,9 @@ LayerCapture load_capture_layer(const std::string& dir, const CaptureMeta& m, in
   c.k = load_checked(layer_file(dir, layer, "k"), kv_shape, m.dtype);
   c.v = load_checked(layer_file(dir, layer, "v"), kv_shape, m.dtype);
   c.q = load_checked(layer_file(dir, layer, "q"), {m.steps, m.q_heads, m.head_dim}, m.dtype);
+  const double scale = 1.0 / std::sqrt(double(m.head_dim));
+  check_logit_range(c.q.data(), m.steps * m.q_heads, c.k.data(), m.tokens * m.kv_heads, m.head_dim,
+                    scale, "layer " + std::to_string(layer));
   const std::string pre = layer_file(dir, layer, "k_prerope");
   if (fs::exists(pre)) c.k_prerope = load_checked(pre, kv_shape, m.dtype);
   const std::string obs = layer_file(dir, layer, "qobs");
@@ -178,9 +266,8 @@ void write_capture_meta(const std::string& dir, const CaptureMeta& m) {
   j["tokens"] = m.tokens;
   j["steps"] = m.steps;
   j["dtype"] = m.dtype;
-  std::ofstream out((fs::path(dir) / "meta.json").string());
-  LOCKS_REQUIRE(out.good(), "cannot write meta.json in ", dir);
-  out << j.dump(2) << "\n";
+  io::write_text_file((fs::path(dir) / "meta.json").string(), j.dump(2) + "\n",
+                      "write_capture_meta");
 }
 
 void write_capture_layer(const std::string& dir, const CaptureMeta& m, const LayerCapture& c) {

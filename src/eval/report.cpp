@@ -1,19 +1,20 @@
 // Outputs of `locks eval`: markdown (pivot tables + the full table), CSV, JSON, and PNG
 // plots drawn by running gnuplot on a generated script (gnuplot is an external program, not
-// a library dependency: without it the other outputs are still written).
+// a library dependency: without it the other outputs are still written). gnuplot is run from
+// an argument vector in the output folder (run_program.h): never through a shell. Every file
+// is written whole or the call throws (locks/io/files.h).
 #include "locks/eval/report.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "locks/error.h"
+#include "locks/io/files.h"
+#include "run_program.h"
 
 namespace locks::eval {
 namespace {
@@ -63,9 +64,7 @@ std::string pivot(const EvalResult& r, const std::string& title, F value, int pr
 }
 
 void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  LOCKS_REQUIRE(out.good(), "cannot write ", path);
-  out << text;
+  io::write_text_file(path, text, "locks eval");
 }
 
 }  // namespace
@@ -194,10 +193,6 @@ bool write_plots(const std::string& dir, const EvalResult& r, const std::string&
   std::string title = title_in;  // goes inside single quotes in the gnuplot script
   for (char& c : title)
     if (c == '\'' || c == '\\' || c == '\n') c = ' ';
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    if (why) *why = "gnuplot not found on PATH";
-    return false;
-  }
   const auto methods = present_methods(r);
   // One data file per metric: budget then one column per method ("nan" where missing).
   auto data = [&](const std::string& file, auto value) {
@@ -325,9 +320,14 @@ bool write_plots(const std::string& dir, const EvalResult& r, const std::string&
     gp << "\n";
   }
   write_file((fs::path(dir) / "plots.gp").string(), gp.str());
-  const std::string cmd = "cd '" + dir + "' && gnuplot plots.gp > gnuplot.log 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
-    if (why) *why = "gnuplot failed (see " + (fs::path(dir) / "gnuplot.log").string() + ")";
+  const std::string log = fs::absolute(fs::path(dir) / "gnuplot.log").string();
+  const ProgramResult run = run_program({"gnuplot", "plots.gp"}, dir, log);
+  if (!run.started) {
+    if (why) *why = run.error;
+    return false;
+  }
+  if (run.exit_code != 0) {
+    if (why) *why = run.error + " (see " + log + ")";
     return false;
   }
   return true;

@@ -36,10 +36,13 @@ class Rocket final : public PageSelector {
     return true;
   }
   int dims(const LayerContext& ctx) const {
-    return std::min(ctx.head_dim, p_.rocket_dims > 0 ? p_.rocket_dims : ctx.head_dim / 4);
+    return p_.rocket_dims > 0 ? p_.rocket_dims : ctx.head_dim / 4;
   }
 
   void prepare(const LayerContext& ctx) override {
+    // An explicit dimension count beyond head_dim is an error, not clamped to head_dim.
+    LOCKS_REQUIRE(p_.rocket_dims <= ctx.head_dim, "rocket_dims (--rocket-dims) ", p_.rocket_dims,
+                  " exceeds head_dim ", ctx.head_dim);
     mm_.build(ctx);
     if (snapkv_) snap_prepare(ctx);
   }

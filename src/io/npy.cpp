@@ -10,13 +10,13 @@
 #include <bit>
 #include <cctype>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
 
 #include "locks/dtype.h"
 #include "locks/error.h"
+#include "locks/io/files.h"
 
 namespace locks {
 
@@ -44,6 +44,7 @@ class DictParser {
     std::optional<std::string> descr;
     std::optional<bool> fortran_order;
     std::optional<std::vector<int64_t>> shape;
+    bool descr_structured = false;  // parsing stopped at a structured dtype (unsupported)
   };
 
   // Returns an error description, or empty on success.
@@ -59,6 +60,11 @@ class DictParser {
         skip_ws();
         if (key == "descr") {
           if (h.descr) throw std::string("duplicate key 'descr'");
+          if (peek() == '[' || peek() == '{') {
+            // A structured (record) dtype: a list of fields, or a dict of them.
+            h.descr_structured = true;
+            return {};
+          }
           h.descr = parse_string();
         } else if (key == "fortran_order") {
           if (h.fortran_order) throw std::string("duplicate key 'fortran_order'");
@@ -173,6 +179,8 @@ void save_raw(const char* fn, const std::string& path, const void* data, const c
   int64_t n = 1;
   for (int64_t s : shape) {
     if (s < 0) npy_fail(fn, path, "negative dimension in shape " + shape_str(shape));
+    if (s != 0 && n > std::numeric_limits<int64_t>::max() / itemsize / s)
+      npy_fail(fn, path, "shape " + shape_str(shape) + " is too large");
     n *= s;
   }
   if (n > 0 && data == nullptr) npy_fail(fn, path, "null data pointer");
@@ -192,38 +200,33 @@ void save_raw(const char* fn, const std::string& path, const void* data, const c
   dict.append(padded - total, ' ');
   dict.push_back('\n');
 
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) npy_fail(fn, path, "cannot open for writing");
+  io::OutputFile f(path, fn);
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', static_cast<char>(version), 0};
   f.write(magic, 8);
   const uint32_t hlen = static_cast<uint32_t>(dict.size());
   if (version == 1) {
     const uint16_t h16 = static_cast<uint16_t>(hlen);
-    f.write(reinterpret_cast<const char*>(&h16), 2);
+    f.write(&h16, 2);
   } else {
-    f.write(reinterpret_cast<const char*>(&hlen), 4);
+    f.write(&hlen, 4);
   }
-  f.write(dict.data(), static_cast<std::streamsize>(dict.size()));
-  if (n > 0) f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n * itemsize));
-  f.flush();
-  if (!f) npy_fail(fn, path, "write failed");
+  f.write(dict.data(), dict.size());
+  if (n > 0) f.write(data, static_cast<size_t>(n) * itemsize);
+  f.close();
 }
 
 }  // namespace
 
 NpyArray npy_load(const std::string& path) {
   constexpr const char* fn = "npy_load";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) npy_fail(fn, path, "cannot open file (missing or unreadable)");
-  f.seekg(0, std::ios::end);
-  const std::streamoff file_size = f.tellg();
-  f.seekg(0, std::ios::beg);
-  if (file_size < 0 || !f) npy_fail(fn, path, "cannot read file (is it a regular file?)");
+  io::InputFile f(path, fn);  // regular files only: a FIFO or a directory is an error
+  const int64_t file_size = f.size();
 
   char pre[8];
-  if (file_size < 10 || !f.read(pre, 8))
+  if (file_size < 10)
     npy_fail(fn, path,
              "file too short to be a .npy file (" + std::to_string(file_size) + " bytes)");
+  f.read_exact(pre, 8, "the header");
   if (std::memcmp(pre, "\x93NUMPY", 6) != 0) npy_fail(fn, path, "bad magic: not a .npy file");
   const int major = static_cast<unsigned char>(pre[6]);
   const int minor = static_cast<unsigned char>(pre[7]);
@@ -232,25 +235,30 @@ NpyArray npy_load(const std::string& path) {
              "unsupported .npy format version " + std::to_string(major) + "." +
                  std::to_string(minor) + " (supported: 1.0, 2.0, 3.0)");
   uint32_t hlen = 0;
-  std::streamoff prefix = 0;
+  int64_t prefix = 0;
   if (major == 1) {
     uint16_t h16 = 0;
-    f.read(reinterpret_cast<char*>(&h16), 2);
+    f.read_exact(&h16, 2, "the header length");
     hlen = h16;
     prefix = 10;
   } else {
-    f.read(reinterpret_cast<char*>(&hlen), 4);
+    if (file_size < 12) npy_fail(fn, path, "file too short for a version 2/3 header");
+    f.read_exact(&hlen, 4, "the header length");
     prefix = 12;
   }
-  if (!f || prefix + static_cast<std::streamoff>(hlen) > file_size)
+  if (prefix + static_cast<int64_t>(hlen) > file_size)
     npy_fail(fn, path,
              "truncated header (header length " + std::to_string(hlen) + " exceeds the file size " +
                  std::to_string(file_size) + ")");
   std::string header(hlen, '\0');
-  if (hlen > 0 && !f.read(header.data(), hlen)) npy_fail(fn, path, "cannot read the header");
+  if (hlen > 0) f.read_exact(header.data(), hlen, "the header");
 
   DictParser::Header h;
   const std::string err = DictParser(header).parse(h);
+  if (h.descr_structured)
+    npy_fail(fn, path,
+             "unsupported dtype: a structured (record) dtype (supported: '<f4' float32, '<f2' "
+             "float16)");
   if (!err.empty()) npy_fail(fn, path, "bad header dict: " + err);
   if (*h.fortran_order)
     npy_fail(fn, path, "fortran_order is True: only C-order arrays are supported");
@@ -286,12 +294,10 @@ NpyArray npy_load(const std::string& path) {
 
   a.data.resize(static_cast<size_t>(n));
   if (itemsize == 4) {
-    if (n > 0 && !f.read(reinterpret_cast<char*>(a.data.data()), n * 4))
-      npy_fail(fn, path, "cannot read the payload");
+    if (n > 0) f.read_exact(a.data.data(), static_cast<size_t>(n) * 4, "the payload");
   } else {
     std::vector<uint16_t> raw(static_cast<size_t>(n));
-    if (n > 0 && !f.read(reinterpret_cast<char*>(raw.data()), n * 2))
-      npy_fail(fn, path, "cannot read the payload");
+    if (n > 0) f.read_exact(raw.data(), static_cast<size_t>(n) * 2, "the payload");
     for (int64_t i = 0; i < n; ++i) a.data[i] = half_to_float(raw[i]);
   }
   return a;

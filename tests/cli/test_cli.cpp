@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_runner.h"
 #include "locks/npy.h"
 #include "locks/synthetic.h"
 
@@ -21,17 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Proc {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using locks::test::Proc;
 
 class Cli : public ::testing::Test {
  protected:
@@ -46,17 +37,11 @@ class Cli : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Runs `locks ARGS` (args are shell-quoted here), capturing stdout and stderr apart.
+  // Runs `locks ARGS` in the test's folder (argument vector, no shell).
   Proc locks(const std::vector<std::string>& args) const {
-    std::string cmd = "'" LOCKS_BIN "'";
-    for (const auto& a : args) cmd += " '" + a + "'";
-    cmd += " >'" + path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    Proc r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(path("stdout.txt"));
-    r.err = slurp(path("stderr.txt"));
-    return r;
+    locks::test::RunOptions ro;
+    ro.cwd = dir_;
+    return locks::test::run_locks(args, ro);
   }
 
   // Random N(0,1) float32 array saved as .npy; returns the data.

@@ -200,6 +200,70 @@ TEST_F(CaptureTest, MetaFieldErrors) {
   expect_error("layer 0 listed twice");
 }
 
+// Issue #12: an unknown field nested ~50,000 deep crashed the reader (recursive copy/dump).
+// Nesting is bounded: 64 levels inside the top-level object pass, 65 and 50,000 are an error.
+TEST_F(CaptureTest, NestingIsBounded) {
+  std::ifstream in(file("meta.json"));
+  std::string base = nlohmann::json::parse(in).dump();
+  in.close();
+  base.pop_back();  // the closing brace
+  auto nested = [&](int depth) {
+    std::ofstream(file("meta.json")) << base << ",\"deep\":" << std::string(size_t(depth), '[')
+                                     << std::string(size_t(depth), ']') << "}";
+  };
+  nested(64);
+  EXPECT_NO_THROW(read_capture_meta(dir()));
+  for (int depth : {65, 50000}) {
+    nested(depth);
+    expect_error("nested more than 64 levels deep");
+    expect_error(file("meta.json"));
+  }
+}
+
+// Issue #12: meta.json numbers were accepted when they wrapped or truncated.
+TEST_F(CaptureTest, NumbersAreCheckedNotConverted) {
+  const std::vector<std::pair<nlohmann::json, std::string>> bad_num_layers = {
+      {1.9, "must be an integer, got 1.9"},
+      {2.0, "must be an integer, got 2.0"},
+      {true, "must be an integer, got true"},
+      {"2", "must be an integer, got \"2\""},
+      {4294967298ULL, "= 4294967298 is out of range [1, 1048576]"},
+      {-1, "= -1 is out of range"},
+      {nlohmann::json::array({2}), "must be an integer"},
+  };
+  for (const auto& [v, msg] : bad_num_layers) {
+    patch_meta("num_layers", v);
+    expect_error("field \"num_layers\" " + msg);
+  }
+  patch_meta("num_layers", 2);
+  patch_meta("kv_heads", 4294967298ULL);  // wrapped to 2 through int before
+  expect_error("field \"kv_heads\" = 4294967298 is out of range");
+  patch_meta("kv_heads", 2);
+  patch_meta("tokens", 1e300);
+  expect_error("field \"tokens\" must be an integer");
+  patch_meta("tokens", 18446744073709551615ULL);
+  expect_error("field \"tokens\" = 18446744073709551615 is out of range");
+  patch_meta("tokens", 100);
+  patch_meta("layers", {0, 4294967299ULL});
+  expect_error("layers[1] = 4294967299 is out of range");
+  patch_meta("layers", {0, 3});
+  EXPECT_NO_THROW(read_capture_meta(dir()));
+}
+
+TEST_F(CaptureTest, MetaJsonMustBeARegularFile) {
+  fs::remove(file("meta.json"));
+  fs::create_directories(file("meta.json"));
+  expect_error(file("meta.json") + ": not a regular file (it is a directory)");
+}
+
+// Finite values too large for float32 scores are refused when the layer is loaded.
+TEST_F(CaptureTest, HugeFiniteValuesAreRefused) {
+  for (auto& x : layers_[0].q) x = 1e20f;
+  for (auto& x : layers_[0].k) x = 1e20f;
+  write_capture_layer(dir(), m_, layers_[0]);
+  expect_error("layer 0: values too large for float32 scores");
+}
+
 TEST_F(CaptureTest, NotJson) {
   std::ofstream(file("meta.json")) << "{ \"model\": ";
   expect_error("not valid JSON");

@@ -1,6 +1,8 @@
 // .npy reader/writer: round trips, hand-written files of every supported version and dtype,
 // and one test per malformed-file error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -152,11 +154,56 @@ TEST(Npy, ErrorMissingFile) {
   expect_load_error(path, {"cannot open"});
 }
 
+// Issue #12: a directory reported "file too short (9223372036854775807 bytes)".
 TEST(Npy, ErrorDirectoryIsNotAFile) {
   const std::string path = tmp_path("dir");
   fs::create_directories(path);
-  EXPECT_THROW(locks::npy_load(path), locks::Error);
+  expect_load_error(path, {path, "not a regular file (it is a directory)"});
+  try {
+    locks::npy_load(path);
+  } catch (const locks::Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("9223372036854775807"), std::string::npos) << e.what();
+  }
   fs::remove(path);
+}
+
+// Issue #12: a FIFO blocked the reader forever. In a child process, so that a regression
+// fails here (killed after 10 s) instead of hanging the suite.
+TEST(Npy, ErrorFifoIsRefusedWithoutBlocking) {
+  const std::string path = tmp_path("fifo");
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(10);  // SIGALRM kills the child if it blocks
+    try {
+      locks::npy_load(path);
+    } catch (const locks::Error& e) {
+      ::_exit(std::string(e.what()).find("not a regular file (it is a FIFO)") != std::string::npos
+                  ? 0
+                  : 3);
+    }
+    ::_exit(4);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "the reader blocked on the FIFO (killed by the alarm)";
+  if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 0);
+  fs::remove(path);
+}
+
+TEST(Npy, ErrorDeviceIsNotAFile) {
+  expect_load_error("/dev/zero", {"/dev/zero", "not a regular file (it is a character device)"});
+}
+
+// Issue #12: a structured dtype was reported as a header parse error.
+TEST(Npy, ErrorStructuredDtypeIsUnsupported) {
+  const std::string path = tmp_path("record");
+  write_file(path, npy_bytes(1,
+                             "{'descr': [('x', '<f4'), ('y', '<i4')], 'fortran_order': False, "
+                             "'shape': (2,), }\n",
+                             std::string(16, '\0')));
+  expect_load_error(path, {"unsupported dtype", "structured"});
 }
 
 TEST(Npy, ErrorFileTooShort) {
@@ -246,4 +293,18 @@ TEST(Npy, ErrorSaveToUnwritablePath) {
   const float x = 1.0f;
   EXPECT_THROW(locks::npy_save("/nonexistent_dir_locks/x.npy", &x, {1}), locks::Error);
   EXPECT_THROW(locks::npy_save(tmp_path("neg"), &x, {-1}), locks::Error);
+  EXPECT_THROW(locks::npy_save(tmp_path("huge"), &x, {int64_t(1) << 62, 8}), locks::Error);
+}
+
+// Issue #12: a full disk gave 0-byte files and no error. /dev/full fails every write with
+// ENOSPC; the error names the file and the cause.
+TEST(Npy, ErrorSaveToFullDisk) {
+  const std::vector<float> x(1000, 1.0f);
+  try {
+    locks::npy_save("/dev/full", x.data(), {1000});
+    FAIL() << "no error writing to /dev/full";
+  } catch (const locks::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  }
 }

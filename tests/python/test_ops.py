@@ -199,38 +199,48 @@ def test_bad_input_gets_clear_errors():
         ops.new_summaries(nb, H, D, P, P)
 
 
-def _opcheck_args():
+def _opcheck_args(precision):
     nb, mb = 12, 5
-    k, v, bt, lens, q, s = built(nb, [70, 33], mb)
-    cap = ops.select_capacity(48, P, mb)
-    pages = torch.empty(2, H, cap, dtype=torch.int32)
-    counts = torch.empty(2, H, dtype=torch.int32)
-    ops.select_pages(q, s, bt, lens, 48, pages=pages, counts=counts)
+    k, v, bt, lens, q, _ = built(nb, [70, 33], mb)
+    s = ops.new_summaries(nb, H, D, P, 8, precision=precision)
+    ids = torch.arange(nb, dtype=torch.int32)
+    ops.summary_build(k, ids, s)
+    w = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=nb,
+                                     max_batch=2, max_blocks_per_seq=mb, precision=precision,
+                                     kv_dtype=k.dtype, budget_tokens=48, scale=0.125)
+    pages, counts = w.select(q, s, bt, lens)
     out, lse = torch.empty_like(q), torch.empty(2, 3 * H)
-    s2 = ops.new_summaries(nb, H, D, P, 8)
+    s2 = list(ops.new_summaries(nb, H, D, P, 8, precision=precision))
+    ws, plan = w.workspace, w.plan_vector
+    slots = torch.tensor([1 * P + P - 1, -1, 7 * P + 3], dtype=torch.int32)
     L = torch.ops.locks
     return [
-        (L.summary_build.default, (k, torch.arange(nb, dtype=torch.int32), *s2)),
-        (L.summary_update.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32), *s2)),
-        (L.select_pages.default, (q, *s, bt, lens, 48, 0, 0, 0.125, pages.clone(), counts.clone())),
-        (L.sparse_decode.default, (q, k, v, bt, lens, pages, counts, 0.125, out, lse)),
-        (L.dense_decode.default, (q, k, v, bt, lens, 0.125, out.clone(), lse.clone())),
+        (L.summary_build.default, (k, ids, s2)),
+        (L.summary_update.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32), None, s2)),
+        (L.summary_update.default, (k, bt, lens, slots, s2)),
+        (L.select_pages.default, (ws, plan, q, list(s), bt, lens, pages.clone(), counts.clone())),
+        (L.decode_attention.default, (ws, plan, q, k, v, bt, lens, pages, counts, out, lse)),
+        (L.decode_attention.default, (ws, plan, q, k, v, bt, lens, None, None, out.clone(), lse.clone())),
     ]
 
 
-@pytest.mark.parametrize("i", range(5))
-def test_opcheck(i):
-    op, args = _opcheck_args()[i]
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+@pytest.mark.parametrize("i", range(6))
+def test_opcheck(precision, i):
+    op, args = _opcheck_args(precision)[i]
     torch.library.opcheck(op, args)
 
 
 def test_compile_traces_decode_step():
     nb, mb = 12, 5
     k, v, bt, lens, q, s = built(nb, [70, 33], mb)
+    # Plan outside the compiled step (host work, once per shape); the step only runs.
+    w = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=nb,
+                                     max_batch=2, max_blocks_per_seq=mb, precision="fp32",
+                                     kv_dtype=k.dtype, budget_tokens=48)
 
     def step(q):
-        pages, counts = ops.select_pages(q, s, bt, lens, 48)
-        return ops.sparse_decode(q * 1.0, k, v, bt, lens, pages, counts)[0]
+        return w.run(q * 1.0, k, v, s, bt, lens)[0]
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q), step(q), rtol=0, atol=0)
@@ -286,21 +296,3 @@ def test_quant_selection_and_update():
     bt2 = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
     ops.summary_update(k, bt2, torch.tensor([32, 33], dtype=torch.int32), s2)
     assert s2.mu_q[1].abs().sum() > 0 and s2.mu_q[[0, 2, 3, 4, 5, 6, 7]].abs().sum() == 0
-
-
-def test_opcheck_quant():
-    nb, mb = 12, 5
-    k, _ = make_cache(nb)
-    bt, lens = batch(nb, [70, 33], mb)
-    q = torch.randn(2, 3 * H, D)
-    sq = ops.new_summaries(nb, H, D, P, 8, precision="int4")
-    ids = torch.arange(nb, dtype=torch.int32)
-    ops.summary_build(k, ids, sq)
-    cap = ops.select_capacity(48, P, mb)
-    pages = torch.empty(2, H, cap, dtype=torch.int32)
-    counts = torch.empty(2, H, dtype=torch.int32)
-    L = torch.ops.locks
-    s2 = ops.new_summaries(nb, H, D, P, 8, precision="int4")
-    torch.library.opcheck(L.summary_build_quant.default, (k, ids, *s2))
-    torch.library.opcheck(L.summary_update_quant.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32), *s2))
-    torch.library.opcheck(L.select_pages_quant.default, (q, *sq, bt, lens, 48, 0, 0, 0.125, pages, counts))

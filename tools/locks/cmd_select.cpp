@@ -8,16 +8,15 @@
 
 #include "command.h"
 #include "locks/error.h"
+#include "locks/eval/capture.h"
 #include "locks/kv_cache.h"
 #include "locks/npy.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+#include "options.h"
 #include "single_sequence.h"
-#include "usage.h"
 
 namespace {
-
-using locks::cli::UsageError;
 
 constexpr const char* kUsage =
     "usage: locks select --keys K.npy --values V.npy --query q.npy [--budget 2048]\n"
@@ -102,6 +101,8 @@ Problem load_problem(const std::string& kp, const std::string& vp, const std::st
   require_finite(p.k, "K");
   require_finite(p.v, "V");
   require_finite(p.q, "q");
+  locks::eval::check_logit_range(p.q.data.data(), p.q_heads, p.k.data.data(), p.tokens * p.kv_heads,
+                                 p.head_dim, 1.0 / std::sqrt(double(p.head_dim)), "K and q");
   return p;
 }
 
@@ -111,31 +112,12 @@ int run_select(const std::vector<std::string>& args) {
       std::cout << kUsage;
       return 0;
     }
-  const locks::cli::Args o(args,
-                           {"--keys", "--values", "--query", "--budget", "--page-size", "--rank",
-                            "--precision", "--sink-pages", "--recent-pages"},
-                           {"--json"});
-  const std::string kp = o.required("--keys"), vp = o.required("--values"),
-                    qp = o.required("--query");
-  locks::SelectConfig sel;
-  sel.budget_tokens = static_cast<int>(o.integer("--budget", 2048, 1, 1 << 30));
-  const int page_size = static_cast<int>(o.integer("--page-size", 16, 2, 256));
-  const int rank = static_cast<int>(o.integer("--rank", 8, 1, 256));
-  sel.sink_pages = static_cast<int>(o.integer("--sink-pages", 0, 0, 1 << 24));
-  sel.recent_pages = static_cast<int>(o.integer("--recent-pages", 0, 0, 1 << 24));
-  const std::string prec_name = o.str("--precision", "fp32");
-  if (prec_name != "fp32" && prec_name != "int4")
-    throw UsageError("--precision must be fp32 or int4, got '" + prec_name + "'");
-  const locks::Precision precision =
-      prec_name == "fp32" ? locks::Precision::fp32 : locks::Precision::quant;
-  if (rank >= page_size)
-    throw UsageError("--rank (" + std::to_string(rank) + ") must be smaller than --page-size (" +
-                     std::to_string(page_size) + ")");
-  try {
-    locks::validate_select(sel, page_size);
-  } catch (const locks::Error& e) {
-    throw UsageError(std::string("budget too small for the options: ") + e.what());
-  }
+  const locks::cli::SelectOptions o = locks::cli::parse_select_options(args);
+  const locks::SelectConfig& sel = o.select;
+  const int page_size = o.page_size, rank = o.rank;
+  const locks::Precision precision = o.precision;
+  const std::string& prec_name = o.precision_name;
+  const std::string &kp = o.keys, &vp = o.values, &qp = o.query;
 
   const Problem p = load_problem(kp, vp, qp);
   const locks::cli::SingleSequence seq(p.k.data.data(), p.v.data.data(), p.tokens, p.kv_heads,
@@ -147,7 +129,7 @@ int run_select(const std::vector<std::string>& args) {
   const int G = p.q_heads / p.kv_heads, d = p.head_dim;
   const int64_t pages = (p.tokens + page_size - 1) / page_size;
 
-  if (o.has("--json")) {
+  if (o.json) {
     nlohmann::json j;
     j["tokens"] = p.tokens;
     j["pages"] = pages;

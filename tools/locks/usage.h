@@ -24,11 +24,22 @@ class Args {
   bool has(const std::string& flag) const { return values_.count(flag) > 0; }
   std::string str(const std::string& flag, const std::string& def) const;
   std::string required(const std::string& flag) const;
-  // A decimal integer in [lo, hi]; anything else (including "12abc" or "1e3") is a UsageError.
+  // A decimal integer in [lo, hi] (parse_integer); def when the flag is absent.
   long long integer(const std::string& flag, long long def, long long lo, long long hi) const;
+  // A decimal number in [lo, hi] (parse_real); def when the flag is absent.
+  double real(const std::string& flag, double def, double lo, double hi) const;
 
  private:
   std::map<std::string, std::string> values_;
 };
+
+// The one integer parser of the CLI: optional '-', then decimal digits, nothing else (no
+// spaces, no '+', no "1e3", no "0x10"), within [lo, hi]; else a UsageError naming the flag.
+long long parse_integer(const std::string& flag, const std::string& text, long long lo,
+                        long long hi);
+// The same for real numbers (decimal or scientific notation; no spaces, inf or nan).
+double parse_real(const std::string& flag, const std::string& text, double lo, double hi);
+// "a,b,c" -> items; an empty item (",," or a trailing comma) is a UsageError.
+std::vector<std::string> split_list(const std::string& flag, const std::string& text);
 
 }  // namespace locks::cli

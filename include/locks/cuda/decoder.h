@@ -3,14 +3,14 @@
 // the dense FullKV baseline on the same cache). Same contracts as locks::cpu (score.h,
 // select.h, attention.h); all data pointers are device pointers.
 //
-// Plan once for a batch shape (the constructor allocates every workspace); run many times.
-// Nothing in the run calls allocates or synchronises with the host, and every grid depends
-// only on the plan and on batch.batch_size, so a whole step can be captured in one CUDA
-// graph and replayed while seq_lens, block tables, queries and the cache change in place.
+// The contract (locks/contract.h: cuda::plan_decode and the run calls, caller-owned
+// workspace) is the API; this header keeps the older object form over it. Nothing in the
+// run calls allocates or synchronises with the host, and every grid depends only on the
+// plan and on batch.batch_size, so a whole step can be captured in one CUDA graph and
+// replayed while seq_lens, block tables, queries and the cache change in place.
 //
-// Supported (checked, locks::Error otherwise): page_size 16, head_dim 64 or 128, cache
-// dtype bf16 or f16 for attention (scoring and summaries also accept f32 caches), GQA group
-// num_q_heads / num_kv_heads in [1, 16].
+// Supported: supports(Backend::cuda, ...) (locks/support.h, table in locks/cuda/limits.h);
+// locks::Unsupported otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "locks/attention.h"
+#include "locks/contract.h"
 #include "locks/decoder.h"
 #include "locks/kv_cache.h"
 #include "locks/score.h"
@@ -38,8 +39,15 @@ struct Plan {
   // Pages per first-stage selection block: 0 = chosen from the plan (2048 up to 16K pages a
   // sequence, 4096 above); 2048 or 4096 to force one.
   int select_chunk_pages = 0;
+  // The summaries the decoder will score (geometry from cache).
+  int rank = 8;
+  Precision precision = Precision::quant;
 };
 
+// A convenience owner over the contract for tests and benchmarks: plans at construction,
+// allocates the plan's workspace there (one cudaMalloc, freed by the destructor) and runs
+// the contract's ops on it; the stage outputs live in the workspace's own regions. Serving
+// code should call the contract directly with its own workspace.
 class Decoder {
  public:
   explicit Decoder(const Plan& plan);
@@ -65,35 +73,19 @@ class Decoder {
   // Device buffers of the last run: [max_batch, num_q_heads, max_blocks_per_seq],
   // [max_batch, num_kv_heads, max_blocks_per_seq], and the selection (capacity from
   // select_capacity). Rows past batch.batch_size are stale.
-  const float* head_scores() const { return head_scores_; }
-  const float* group_scores() const { return group_scores_; }
-  Selection selection() const { return {pages_, counts_, capacity_}; }
+  const float* head_scores() const;
+  const float* group_scores() const;
+  Selection selection() const;
   // Set when the plan's shapes let scoring use the tensor-core kernel (quant, r 8).
   bool tensor_core_scoring(const SummaryLayout& s) const;
   const Plan& plan() const { return plan_; }
-  float scale() const { return scale_; }
+  const DecodePlan& decode_plan() const { return dplan_; }
+  float scale() const { return dplan_.params.scale; }
 
  private:
-  void check_batch(const BatchView& batch) const;
   Plan plan_;
-  float scale_;
-  int group_, capacity_, score_chunks_, select_chunks_, dense_pps_, dense_splits_, sparse_pps_,
-      sparse_splits_;
-  // Pages per scoring block: planned for the tensor-core path (smaller when the grid would
-  // not fill the GPU) and the one the last score() used (aggregate() reads its partials).
-  int tc_chunk_pages_ = 128, score_chunk_pages_ = 128;
-  int select_chunk_pages_ = 4096;
-  float* head_scores_ = nullptr;
-  float* chunk_lse_ = nullptr;  // [max_batch, num_q_heads, score_chunks_, 2] (max, sum)
-  float* group_scores_ = nullptr;
-  float* head_lse_ = nullptr;  // [max_batch, num_q_heads]
-  int32_t* pages_ = nullptr;
-  int32_t* counts_ = nullptr;
-  uint32_t* cand_key_ = nullptr;  // [max_batch, num_kv_heads, select_chunks, capacity]
-  int32_t* cand_idx_ = nullptr;
-  int32_t* cand_cnt_ = nullptr;  // [max_batch, num_kv_heads, select_chunks]
-  float* part_o_ = nullptr;      // [max_batch, num_q_heads, max splits, head_dim]
-  float* part_ml_ = nullptr;     // [max_batch, num_q_heads, max splits, 2]
+  DecodePlan dplan_;
+  Workspace ws_;
 };
 
 }  // namespace locks::cuda

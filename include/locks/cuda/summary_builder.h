@@ -6,6 +6,11 @@
 //   warp_jacobi: our own cyclic Jacobi, one half-warp per matrix, all in registers;
 //   cusolver:    cusolverDnSsyevjBatched on the Gram matrices (Gram kernel, solver,
 //                epilogue kernel). Kept to compare against; not graph-capturable here.
+//
+// This class lives in the comparison library locks_cuda_compare (tests and benchmarks link
+// it; it carries the cuSOLVER dependency). The library API is the contract's free functions
+// cuda::summary_build / summary_build_filled / summary_build_slots (locks/contract.h), which
+// the warp_jacobi path forwards to.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -50,6 +50,15 @@ void check_capture_files(const std::string& dir, const CaptureMeta& meta);
 // all values are finite.
 LayerCapture load_capture_layer(const std::string& dir, const CaptureMeta& meta, int layer);
 
+// Throws unless every attention logit q.k * scale and every page score stays far inside the
+// float32 range: max_q |q| * max_t |k_t| * scale must be at most kMaxLogitBound. Beyond it the
+// float32 dot products of scoring and attention overflow to inf and inf - inf = NaN (finite
+// but huge inputs, e.g. 1e30, would otherwise fail deep inside an op or give NaN outputs).
+// q: rows of head_dim floats, nq rows; k likewise. `what` prefixes the message.
+inline constexpr double kMaxLogitBound = 1e36;
+void check_logit_range(const float* q, int64_t nq, const float* k, int64_t nk, int head_dim,
+                       double scale, const std::string& what);
+
 // Writers (float32 arrays). The directory must exist.
 void write_capture_meta(const std::string& dir, const CaptureMeta& meta);
 void write_capture_layer(const std::string& dir, const CaptureMeta& meta, const LayerCapture& l);

@@ -1,4 +1,4 @@
-"""`python -m locks generate | capture`: the Python main jobs (docs/python.md)."""
+"""`python -m locks_lab generate | capture`: the Python main jobs (docs/python.md)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ import time
 def _model(args):
     import torch
 
-    from .model import load_smollm2
+    from locks.model import load_smollm2
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     return load_smollm2(device=args.device, dtype=dtype)
@@ -84,7 +84,7 @@ def cmd_capture(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m locks", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m locks_lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):

@@ -1,7 +1,7 @@
 """The GPU checks (run on the H200; results in docs/python_gpu_results.md).
 
-  python -m locks.gpu_check ops   --out DIR   CUDA ops vs CPU ops, opcheck, op-level CUDA graph
-  python -m locks.gpu_check model --out DIR   SmolLM2 (bf16) with the CUDA ops: a batch of 4
+  python -m locks_lab.gpu_check ops   --out DIR   CUDA ops vs CPU ops, opcheck, op-level CUDA graph
+  python -m locks_lab.gpu_check model --out DIR   SmolLM2 (bf16) with the CUDA ops: a batch of 4
                                               prompts of different lengths, FullKV vs LOCKS, and
                                               the decode step captured in a CUDA graph and
                                               replayed against eager
@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from . import ops
+from locks import ops
 
 R: dict = {}
 OUT = {"dir": "."}
@@ -194,7 +194,7 @@ def op_level_graph(layers=30, steps=8):
 
 
 def _model():
-    from .model import load_smollm2
+    from locks.model import load_smollm2
 
     return load_smollm2(device="cuda", dtype=torch.bfloat16)
 
@@ -227,7 +227,9 @@ def model_teacher_forced(model, tok):
 def model_cuda_graph(model, tok, budget=512, steps=16):
     """Prefill a left-padded batch of 4 eagerly, then capture the model's one-token decode
     step (LocksCache + CUDA ops) in a CUDA graph and replay it against eager decoding."""
-    from . import hf, tasks
+    from locks import hf
+
+    from . import tasks
 
     hf.register()
     model.set_attn_implementation(hf.ATTN_NAME)

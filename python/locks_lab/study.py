@@ -1,6 +1,6 @@
 """Per-layer and worst-head views of a `locks eval --per-query` run (docs/study_smollm2.md).
 
-  python -m locks.study EVAL_DIR NAME FIG_DIR   -> markdown on stdout, PNGs in FIG_DIR
+  python -m locks_lab.study EVAL_DIR NAME FIG_DIR   -> markdown on stdout, PNGs in FIG_DIR
 
 Reads EVAL_DIR/per_query.csv (method,budget,layer,step,q_head,recall,rel_l2,cosine) with
 numpy; plots with gnuplot (the harness's plotting tool)."""

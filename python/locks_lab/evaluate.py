@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import hf
+from locks import hf
 
 
 @contextlib.contextmanager

@@ -15,7 +15,9 @@ import os
 import numpy as np
 import torch
 
-from . import corpus, hf
+from locks import hf
+
+from . import corpus
 
 CAPTURE_ATTN = "locks_capture"
 

@@ -1,0 +1,112 @@
+// The decode contract: every op of a LOCKS decode step, spelled the same in locks::cpu and
+// locks::cuda (the CUDA ones take a trailing stream), with caller-provided outputs and
+// caller-provided scratch (a Workspace of plan.workspace_bytes, see plan.h).
+//
+//   DecodePlan plan = cpu::plan_decode(params);          // or cuda::plan_decode (host, once)
+//   std::vector<std::byte> ws(plan.workspace_bytes);     // or cudaMalloc / a torch tensor
+//   cpu::decode(plan, {ws.data(), ws.size()}, cache, summaries, batch, q, out, nullptr);
+//
+// Memory: cpu:: pointers are host pointers, cuda:: pointers device pointers (views in
+// kv_cache.h, summary.h, score.h, select.h, attention.h). Host-side arguments (n_blocks,
+// n_slots, appended, the plan) are plain values.
+// Invariants of every run call:
+//   - no allocation (CPU: no allocation that grows with the data: the buffers of the step
+//     live in the workspace); CUDA: no allocation and no host synchronisation, grids fixed
+//     by the plan and batch.batch_size: capturable in a CUDA graph;
+//   - outputs written whole or not at all: arguments are checked before any write (CUDA:
+//     what the host can check; device arrays are trusted like a kernel's inputs);
+//   - the partial tail page of a sequence has no summary and is always attended.
+// Errors: locks::InvalidArgument for a wrong call, locks::Unsupported for a shape the
+// backend lacks (supports() says which), locks::CudaError for a CUDA failure.
+//
+// Workspace contents: run calls use their own regions only; score_pages leaves per-chunk
+// log-sum-exp partials (CUDA) that the following aggregate_gqa on the same workspace reads,
+// so call aggregate_gqa after score_pages with the same plan, workspace, batch and stream.
+// decode() is the whole step and needs nothing from earlier calls.
+#pragma once
+
+#include <cstdint>
+
+#include "locks/attention.h"
+#include "locks/error.h"
+#include "locks/kv_cache.h"
+#include "locks/plan.h"
+#include "locks/score.h"
+#include "locks/select.h"
+#include "locks/summary.h"
+#include "locks/support.h"
+
+// cuda_runtime_api.h's own spelling, so that this header needs no CUDA headers.
+typedef struct CUstream_st* cudaStream_t;
+
+namespace locks {
+
+namespace cpu {
+// Validates params (throws InvalidArgument / Unsupported) and sizes the workspace for
+// max_batch x max_blocks_per_seq and the threads OpenMP will use.
+DecodePlan plan_decode(const DecodeParams& params);
+
+// Summary builds (no plan, no workspace). out's layout must match the cache's geometry.
+//   bulk: the summaries of block_ids[0..n_blocks) (full pages), every KV head (summary.h);
+//   filled: for each sequence of batch (seq_lens after the append), the page that its last
+//     `appended` tokens completed, if any (1 <= appended <= page_size; rules::filled_page);
+//   slots: for each slot written this step (slot = block * P + offset, -1 = padding), the
+//     block whose last slot (offset P - 1) it is (rules::slot_filled_block).
+// Declared in summary.h: void summary_build(cache, block_ids, n_blocks, out);
+void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                          const SummaryView& out);
+void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
+                         const SummaryView& out);
+
+// head_scores [batch, num_q_heads, batch.max_blocks_per_seq] (score.h).
+void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                 const BatchView& batch, const QueryView& q, float* head_scores);
+// group_scores [batch, num_kv_heads, batch.max_blocks_per_seq] (score.h).
+void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                   const float* head_scores, float* group_scores);
+// out.capacity == plan.capacity; rows [0, batch_size) written (select.h).
+void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                  const float* group_scores, const Selection& out);
+// attention.h: sparse over sel (capacity <= plan.capacity), dense over every page.
+void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                             const BatchView& batch, const QueryView& q, const Selection& sel,
+                             const AttentionOutput& out);
+void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                            const BatchView& batch, const QueryView& q, const AttentionOutput& out);
+// The whole step: score -> aggregate -> select -> sparse attention. selection_out: where to
+// write the selection (capacity == plan.capacity), or nullptr to keep it in the workspace.
+void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+            const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+            const AttentionOutput& out, const Selection* selection_out);
+}  // namespace cpu
+
+namespace cuda {
+// Host side; queries the device (SM count, occupancy) and sets kernel attributes once, here.
+DecodePlan plan_decode(const DecodeParams& params);
+
+void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
+                   const SummaryView& out, cudaStream_t stream);
+void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                          const SummaryView& out, cudaStream_t stream);
+void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
+                         const SummaryView& out, cudaStream_t stream);
+
+void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                 const BatchView& batch, const QueryView& q, float* head_scores,
+                 cudaStream_t stream);
+void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                   const float* head_scores, float* group_scores, cudaStream_t stream);
+void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                  const float* group_scores, const Selection& out, cudaStream_t stream);
+void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                             const BatchView& batch, const QueryView& q, const Selection& sel,
+                             const AttentionOutput& out, cudaStream_t stream);
+void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                            const BatchView& batch, const QueryView& q, const AttentionOutput& out,
+                            cudaStream_t stream);
+void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+            const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+            const AttentionOutput& out, const Selection* selection_out, cudaStream_t stream);
+}  // namespace cuda
+
+}  // namespace locks

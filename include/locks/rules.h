@@ -1,0 +1,69 @@
+// The budget rules of select.h as constexpr functions usable from host and device code (the
+// CPU selection, the CUDA kernels and the plan all call these; Python asks C++ through the
+// bindings). No dependencies beyond <cstdint>, so kernels can include it.
+//
+// Budget b tokens, page size P, a sequence of len tokens:
+//   budget_pages = floor(b / P) page slots, of which sink + recent + 1 (the tail) are
+//   reserved, so a budget is valid only when floor(b / P) >= sink + recent + 1;
+//   b >= len selects every page (exact attention);
+//   capacity (slots to allocate per (sequence, KV head)) = min(ceil(b / P), max_blocks):
+//   floor(b / P) pages when b < len, every page (ceil(len / P) <= ceil(b / P)) when b >= len.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LOCKS_HD __host__ __device__
+#else
+#define LOCKS_HD
+#endif
+
+namespace locks::rules {
+
+// Pages of a sequence of len tokens (the last one partial when len % P != 0), and full pages.
+LOCKS_HD constexpr int num_pages(int64_t len, int page_size) {
+  return static_cast<int>((len + page_size - 1) / page_size);
+}
+LOCKS_HD constexpr int full_pages(int64_t len, int page_size) {
+  return static_cast<int>(len / page_size);
+}
+LOCKS_HD constexpr int64_t budget_pages(int64_t budget_tokens, int page_size) {
+  return budget_tokens / page_size;
+}
+LOCKS_HD constexpr int64_t reserved_pages(int sink_pages, int recent_pages) {
+  return int64_t(sink_pages) + recent_pages + 1;
+}
+// The budget rule of validate_select (select.h): non-negative counts and room for sink +
+// recent + tail.
+LOCKS_HD constexpr bool budget_valid(int64_t budget_tokens, int sink_pages, int recent_pages,
+                                     int page_size) {
+  return page_size >= 1 && budget_tokens >= 0 && sink_pages >= 0 && recent_pages >= 0 &&
+         budget_pages(budget_tokens, page_size) >= reserved_pages(sink_pages, recent_pages);
+}
+LOCKS_HD constexpr bool selects_all(int64_t budget_tokens, int64_t len) {
+  return budget_tokens >= len;
+}
+// Slots per (sequence, KV head): min(ceil(b / P), max_blocks_per_seq).
+LOCKS_HD constexpr int select_capacity(int64_t budget_tokens, int page_size,
+                                       int max_blocks_per_seq) {
+  const int64_t pages = (budget_tokens + page_size - 1) / page_size;
+  return static_cast<int>(pages < max_blocks_per_seq ? pages : max_blocks_per_seq);
+}
+// Pages the last `appended` tokens completed for a sequence now len tokens long: the index
+// of the completed page, or -1 (at most one page for 1 <= appended <= P).
+LOCKS_HD constexpr int filled_page(int64_t len, int appended, int page_size) {
+  const int64_t before = len - appended > 0 ? len - appended : 0;
+  return (len / page_size != before / page_size) ? static_cast<int>(len / page_size - 1) : -1;
+}
+// Block completed by writing slot (vLLM slot = block * P + offset; negative = padding):
+// the block when the slot is its last one (offset P - 1), else -1.
+LOCKS_HD constexpr int64_t slot_filled_block(int64_t slot, int page_size) {
+  return (slot >= 0 && slot % page_size == page_size - 1) ? slot / page_size : -1;
+}
+
+static_assert(select_capacity(20, 16, 100) == 2, "b = 20, P = 16 needs 2 slots");
+static_assert(budget_valid(16, 0, 0, 16) && !budget_valid(15, 0, 0, 16), "one page at least");
+static_assert(filled_page(16, 1, 16) == 0 && filled_page(17, 1, 16) == -1, "page 0 fills at 16");
+static_assert(slot_filled_block(31, 16) == 1 && slot_filled_block(-1, 16) == -1, "slot rule");
+
+}  // namespace locks::rules

@@ -1,0 +1,158 @@
+// The tensor ops of ops_schema.cpp, written once for both backends: B (ops_cpu.cpp,
+// ops_cuda.cpp) supplies the device type, a device guard, the stream and the contract's
+// functions (include/locks/contract.h). Each op checks its tensors (torch_views.h), builds
+// the views and makes one or a few contract calls; nothing is kept between calls.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "locks/contract.h"
+#include "torch_views.h"
+
+namespace locks_torch {
+
+template <class B>
+at::Device call_device(const at::Tensor& first, const char* name) {
+  TORCH_CHECK_VALUE(first.defined(), name, ": tensor is undefined");
+  TORCH_CHECK_VALUE(!first.is_meta(), name,
+                    ": is on the meta device (no data); pass real tensors (tracing uses the "
+                    "fake implementations)");
+  TORCH_CHECK_VALUE(first.device().type() == B::kDevice, name, ": is on ", first.device(),
+                    " but another argument is on ", at::Device(B::kDevice), " (mixed devices)");
+  return first.device();
+}
+
+// A region of the plan inside the caller's workspace.
+template <typename T>
+T* region(const locks::Workspace& ws, const locks::WorkspaceRegion& r, const char* what) {
+  TORCH_CHECK(r.bytes > 0 && static_cast<size_t>(r.offset + r.bytes) <= ws.bytes,
+              "plan: no workspace region for ", what);
+  return reinterpret_cast<T*>(static_cast<char*>(ws.data) + r.offset);
+}
+
+template <class B>
+void summary_build(const at::Tensor& k_cache, const at::Tensor& block_ids,
+                   at::TensorList summaries) {
+  const at::Device dev = call_device<B>(k_cache, "k_cache");
+  same_device(dev, {{&k_cache, "k_cache"}, {&block_ids, "block_ids"}});
+  same_device(dev, summaries, "summaries");
+  typename B::Guard guard(dev);
+  const locks::CacheLayout layout = cache_layout(k_cache, nullptr);
+  require(block_ids, "block_ids", at::kInt, 1);
+  const locks::SummaryView s = summary_view(summaries, &layout);
+  if (block_ids.numel() == 0) return;
+  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
+  translate_errors([&] {
+    B::summary_build(cache, block_ids.data_ptr<int32_t>(), block_ids.numel(), s, B::stream(dev));
+  });
+}
+
+template <class B>
+void summary_update(const at::Tensor& k_cache, const at::Tensor& block_table,
+                    const at::Tensor& seq_lens, const std::optional<at::Tensor>& slot_mapping,
+                    at::TensorList summaries) {
+  const at::Device dev = call_device<B>(k_cache, "k_cache");
+  const at::Tensor none;
+  same_device(dev, {{&k_cache, "k_cache"},
+                    {&block_table, "block_table"},
+                    {&seq_lens, "seq_lens"},
+                    {slot_mapping ? &*slot_mapping : &none, "slot_mapping"}});
+  same_device(dev, summaries, "summaries");
+  typename B::Guard guard(dev);
+  const locks::CacheLayout layout = cache_layout(k_cache, nullptr);
+  const locks::BatchView batch = batch_view(block_table, seq_lens);
+  const locks::SummaryView s = summary_view(summaries, &layout);
+  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
+  if (slot_mapping) {
+    require(*slot_mapping, "slot_mapping", at::kInt, 1);
+    if (slot_mapping->numel() == 0) return;
+    translate_errors([&] {
+      B::summary_build_slots(cache, slot_mapping->data_ptr<int32_t>(), slot_mapping->numel(), s,
+                             B::stream(dev));
+    });
+    return;
+  }
+  translate_errors([&] { B::summary_build_filled(cache, batch, 1, s, B::stream(dev)); });
+}
+
+template <class B>
+void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
+                  at::TensorList summaries, const at::Tensor& block_table,
+                  const at::Tensor& seq_lens, const at::Tensor& pages, const at::Tensor& counts) {
+  const at::Device dev = call_device<B>(q, "q");
+  same_device(dev, {{&workspace, "workspace"},
+                    {&q, "q"},
+                    {&block_table, "block_table"},
+                    {&seq_lens, "seq_lens"},
+                    {&pages, "pages"},
+                    {&counts, "counts"}});
+  same_device(dev, summaries, "summaries");
+  typename B::Guard guard(dev);
+  const locks::DecodePlan plan = plan_of(plan_ints, B::kBackend);
+  const locks::Workspace ws = workspace_view(workspace, plan);
+  const locks::SummaryView s = summary_view(summaries, nullptr);
+  const locks::BatchView batch = batch_view(block_table, seq_lens);
+  const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
+  const locks::Selection sel = selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
+  // Scores live in the plan's workspace regions between the three calls (contract.h).
+  float* head_scores = region<float>(ws, plan.head_scores, "head_scores");
+  float* group_scores = region<float>(ws, plan.group_scores, "group_scores");
+  translate_errors([&] {
+    const auto st = B::stream(dev);
+    B::score_pages(plan, ws, s, batch, qv, head_scores, st);
+    B::aggregate_gqa(plan, ws, batch, head_scores, group_scores, st);
+    B::select_pages(plan, ws, batch, group_scores, sel, st);
+  });
+}
+
+template <class B>
+void decode_attention(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
+                      const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens,
+                      const std::optional<at::Tensor>& pages,
+                      const std::optional<at::Tensor>& counts, const at::Tensor& out,
+                      const at::Tensor& lse) {
+  const at::Device dev = call_device<B>(q, "q");
+  const at::Tensor none;
+  same_device(dev, {{&workspace, "workspace"},
+                    {&q, "q"},
+                    {&k_cache, "k_cache"},
+                    {&v_cache, "v_cache"},
+                    {&block_table, "block_table"},
+                    {&seq_lens, "seq_lens"},
+                    {pages ? &*pages : &none, "pages"},
+                    {counts ? &*counts : &none, "counts"},
+                    {&out, "out"},
+                    {&lse, "lse"}});
+  TORCH_CHECK_VALUE(pages.has_value() == counts.has_value(),
+                    "pages and counts: give both (sparse) or neither (dense)");
+  typename B::Guard guard(dev);
+  const locks::DecodePlan plan = plan_of(plan_ints, B::kBackend);
+  const locks::Workspace ws = workspace_view(workspace, plan);
+  const locks::CacheLayout layout = cache_layout(k_cache, &v_cache);
+  const locks::BatchView batch = batch_view(block_table, seq_lens);
+  const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim);
+  const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
+  const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
+  if (!pages) {
+    translate_errors(
+        [&] { B::decode_attention_dense(plan, ws, cache, batch, qv, o, B::stream(dev)); });
+    return;
+  }
+  const locks::Selection sel = selection_view(*pages, *counts, batch.batch_size, layout.num_kv_heads);
+  translate_errors(
+      [&] { B::decode_attention_sparse(plan, ws, cache, batch, qv, sel, o, B::stream(dev)); });
+}
+
+// The four tensor ops of backend B, for TORCH_LIBRARY_IMPL.
+template <class B>
+void register_ops(torch::Library& m) {
+  m.impl("summary_build", &summary_build<B>);
+  m.impl("summary_update", &summary_update<B>);
+  m.impl("select_pages", &select_pages<B>);
+  m.impl("decode_attention", &decode_attention<B>);
+}
+
+}  // namespace locks_torch

@@ -1,0 +1,132 @@
+"""`locks.DecodeWrapper`: plan once per batch shape (host side), run every step (graph-safe).
+
+    ws = torch.empty(locks.workspace_bytes(**shape), dtype=torch.uint8, device="cuda")
+    w = locks.DecodeWrapper(ws)
+    w.plan(**shape)                      # once per shape: budget, page size, rank, heads, ...
+    out, lse = w.run(q, k_cache, v_cache, summaries, block_table, seq_lens, out=out, lse=lse)
+
+The workspace is the caller's (uint8, on the device the wrapper runs on); the plan is a
+plain int list held by the wrapper. Nothing is cached anywhere else: dropping the wrapper
+and the workspace frees everything. run() with caller-given out / lse / pages / counts
+allocates nothing and syncs nothing, so it can be captured in a CUDA graph and replayed
+with new queries, lengths, block tables and cache contents (same shapes as captured).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+
+def _device(d) -> torch.device:
+    d = torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+class DecodeWrapper:
+    def __init__(self, workspace: torch.Tensor):
+        if not isinstance(workspace, torch.Tensor):
+            raise TypeError(f"locks.DecodeWrapper: workspace must be a torch.Tensor, got {type(workspace).__name__}")
+        if workspace.dtype != torch.uint8 or workspace.dim() != 1 or not workspace.is_contiguous():
+            raise ValueError("locks.DecodeWrapper: workspace must be a contiguous 1-D uint8 tensor, got "
+                             f"{workspace.dtype} of shape {tuple(workspace.shape)}")
+        if workspace.device.type not in ops.BACKENDS:
+            raise ValueError(f"locks.DecodeWrapper: workspace on {workspace.device}; cpu or cuda tensors only")
+        self.workspace = workspace
+        self._plan: list[int] | None = None
+        self.params: dict = {}
+
+    # -- host side ---------------------------------------------------------------------------
+    def plan(self, *, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
+             max_batch: int, max_blocks_per_seq: int, page_size: int = 16, rank: int = 8,
+             precision: str = "int4", kv_dtype: torch.dtype = torch.bfloat16,
+             budget_tokens: int = 2048, sink_pages: int = 0, recent_pages: int = 0,
+             scale: float | None = None, device=None) -> "DecodeWrapper":
+        """Validate the shape and choose the kernels (once per batch shape; runs on the host,
+        may query the GPU; never inside a graph capture). ValueError / NotImplementedError
+        for a shape that is wrong / unsupported, ValueError when the workspace is too small."""
+        dev = self.workspace.device if device is None else _device(device)
+        if _device(dev) != _device(self.workspace.device):
+            raise ValueError(f"locks.DecodeWrapper.plan: device {dev} differs from the workspace's "
+                             f"{self.workspace.device}")
+        params = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      num_blocks=num_blocks, max_batch=max_batch, max_blocks_per_seq=max_blocks_per_seq,
+                      page_size=page_size, rank=rank, precision=precision, kv_dtype=kv_dtype,
+                      budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
+                      scale=scale, device=dev)
+        p = ops.plan(**params)
+        need = ops.plan_workspace_bytes(p)
+        if self.workspace.numel() < need:
+            raise ValueError(f"locks.DecodeWrapper.plan: the workspace has {self.workspace.numel()} bytes, "
+                             f"this plan needs {need} (allocate locks.workspace_bytes(...) bytes)")
+        self._plan, self.params = p, params
+        return self
+
+    @classmethod
+    def allocate(cls, **plan_kwargs) -> "DecodeWrapper":
+        """A wrapper with a workspace of just the size the plan needs, planned."""
+        dev = plan_kwargs.get("device") or "cpu"
+        ws = torch.empty(ops.workspace_bytes(**plan_kwargs), dtype=torch.uint8, device=dev)
+        return cls(ws).plan(**plan_kwargs)
+
+    def _planned(self) -> list[int]:
+        if self._plan is None:
+            raise RuntimeError("locks.DecodeWrapper: call plan(...) before run(...)")
+        return self._plan
+
+    @property
+    def capacity(self) -> int:
+        """Page slots per (sequence, KV head) of a selection under this plan."""
+        return ops.plan_capacity(self._planned())
+
+    @property
+    def plan_vector(self) -> list[int]:
+        return list(self._planned())
+
+    # -- run side (no allocation when outputs are given, no host sync) ------------------------
+    def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None):
+        """pages [B, H, capacity] (ascending block-table positions, -1 padded), counts [B, H]."""
+        p = self._planned()
+        B, H = q.shape[0], self.params["num_kv_heads"]
+        if pages is None:
+            pages = torch.empty(B, H, ops.plan_capacity(p), dtype=torch.int32, device=q.device)
+        if counts is None:
+            counts = torch.empty(B, H, dtype=torch.int32, device=q.device)
+        torch.ops.locks.select_pages(self.workspace, p, q, list(summaries), block_table, seq_lens,
+                                     pages, counts)
+        return pages, counts
+
+    def attend(self, q, k_cache, v_cache, block_table, seq_lens, *, pages=None, counts=None,
+               out=None, lse=None):
+        """Exact attention over the selection (pages, counts) or, with neither, every page."""
+        p = self._planned()
+        if out is None:
+            out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        if lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        torch.ops.locks.decode_attention(self.workspace, p, q, k_cache, v_cache, block_table,
+                                         seq_lens, pages, counts, out, lse)
+        return out, lse
+
+    def run(self, q, k_cache, v_cache, summaries, block_table, seq_lens, *, out=None, lse=None,
+            pages=None, counts=None, dense=False, check_finite=False):
+        """One decode step: select pages from the summaries under the planned budget, then
+        exact attention over them (dense=True: over every page, summaries unused). Returns
+        (out [B, Hq, d] float32, lse [B, Hq]). check_finite: raise ValueError when q or the
+        caches hold NaN/Inf (a host sync and a pass over the caches: debugging, eager only)."""
+        if check_finite:
+            check_all_finite(q=q, k_cache=k_cache, v_cache=v_cache)
+        if dense:
+            return self.attend(q, k_cache, v_cache, block_table, seq_lens, out=out, lse=lse)
+        pages, counts = self.select(q, summaries, block_table, seq_lens, pages=pages, counts=counts)
+        return self.attend(q, k_cache, v_cache, block_table, seq_lens, pages=pages, counts=counts,
+                           out=out, lse=lse)
+
+
+def check_all_finite(**tensors: torch.Tensor) -> None:
+    """ValueError naming the first tensor holding NaN or Inf (syncs with the device)."""
+    for name, t in tensors.items():
+        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"locks: {name} holds NaN or Inf (check_finite)")

@@ -1,0 +1,107 @@
+// plan_common and the run-time checks shared by cpu:: and cuda:: (plan_common.h).
+#include "plan_common.h"
+
+#include <cmath>
+
+#include "locks/error.h"
+#include "locks/rules.h"
+
+namespace locks {
+
+DecodeShape decode_shape(const DecodeParams& p) {
+  DecodeShape s;
+  s.head_dim = p.cache.head_dim;
+  s.page_size = p.cache.page_size;
+  s.group = p.cache.num_kv_heads >= 1 ? p.num_q_heads / p.cache.num_kv_heads : 0;
+  s.kv_dtype = p.cache.dtype;
+  s.rank = p.summary.rank;
+  s.precision = p.summary.precision;
+  return s;
+}
+
+namespace detail {
+
+DecodePlan plan_common(const DecodeParams& params, Backend backend) {
+  const CacheLayout& L = params.cache;
+  const SummaryLayout& S = params.summary;
+  validate_layout(L);
+  LOCKS_REQUIRE(params.num_q_heads >= 1 && params.num_q_heads % L.num_kv_heads == 0, "num_q_heads ",
+                params.num_q_heads, " is not a positive multiple of num_kv_heads ", L.num_kv_heads);
+  LOCKS_REQUIRE(S.num_blocks == L.num_blocks && S.page_size == L.page_size &&
+                    S.num_kv_heads == L.num_kv_heads && S.head_dim == L.head_dim,
+                "params.summary's geometry (num_blocks ", S.num_blocks, ", page_size ", S.page_size,
+                ", num_kv_heads ", S.num_kv_heads, ", head_dim ", S.head_dim,
+                ") differs from the cache's (use summary_layout_for)");
+  validate_summary_layout(S);
+  LOCKS_REQUIRE(params.max_batch >= 1, "max_batch must be >= 1, got ", params.max_batch);
+  LOCKS_REQUIRE(params.max_blocks_per_seq >= 1, "max_blocks_per_seq must be >= 1, got ",
+                params.max_blocks_per_seq);
+  LOCKS_REQUIRE(params.scale >= 0.0f && std::isfinite(params.scale),
+                "scale must be 0 (meaning 1/sqrt(head_dim)) or positive and finite, got ",
+                params.scale);
+  validate_select(params.select, L.page_size);
+  require_supported(backend, decode_shape(params));
+  DecodePlan plan;
+  plan.params = params;
+  if (plan.params.scale == 0.0f) plan.params.scale = 1.0f / std::sqrt(float(L.head_dim));
+  plan.backend = backend;
+  plan.group = params.num_q_heads / L.num_kv_heads;
+  plan.capacity =
+      rules::select_capacity(params.select.budget_tokens, L.page_size, params.max_blocks_per_seq);
+  return plan;
+}
+
+void check_plan_backend(const DecodePlan& plan, Backend backend, const char* where) {
+  if (plan.backend != backend)
+    fail(where, "the plan is for backend ", backend_name(plan.backend), ", not ",
+         backend_name(backend));
+}
+
+void check_workspace(const DecodePlan& plan, const Workspace& ws, const char* where) {
+  if (plan.workspace_bytes > 0 && ws.data == nullptr) fail(where, "workspace is null");
+  if (ws.bytes < plan.workspace_bytes)
+    fail(where, "workspace of ", ws.bytes, " bytes < the plan's workspace_bytes ",
+         plan.workspace_bytes);
+  if ((reinterpret_cast<uintptr_t>(ws.data) & 255u) != 0)
+    fail(where, "workspace must be 256-byte aligned");
+}
+
+void check_run_batch(const DecodePlan& plan, const BatchView& batch, const char* where) {
+  const DecodeParams& p = plan.params;
+  if (batch.batch_size < 1 || batch.batch_size > p.max_batch)
+    fail(where, "batch_size ", batch.batch_size, " outside [1, max_batch = ", p.max_batch, "]");
+  if (batch.max_blocks_per_seq < 1 || batch.max_blocks_per_seq > p.max_blocks_per_seq)
+    fail(where, "batch.max_blocks_per_seq ", batch.max_blocks_per_seq, " outside [1, planned ",
+         p.max_blocks_per_seq, "]");
+  if (batch.block_table_stride < batch.max_blocks_per_seq)
+    fail(where, "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
+         batch.max_blocks_per_seq);
+  if (batch.block_table == nullptr || batch.seq_lens == nullptr)
+    fail(where, "batch.block_table or batch.seq_lens is null");
+}
+
+void check_run_cache(const DecodePlan& plan, const CacheLayout& L, const char* where) {
+  const CacheLayout& P = plan.params.cache;
+  if (L.num_blocks != P.num_blocks || L.page_size != P.page_size ||
+      L.num_kv_heads != P.num_kv_heads || L.head_dim != P.head_dim || L.dtype != P.dtype)
+    fail(where, "cache layout differs from the planned one");
+}
+
+void check_run_summary(const DecodePlan& plan, const SummaryLayout& S, const char* where) {
+  const SummaryLayout& P = plan.params.summary;
+  if (S.num_blocks != P.num_blocks || S.page_size != P.page_size ||
+      S.num_kv_heads != P.num_kv_heads || S.head_dim != P.head_dim || S.rank != P.rank ||
+      S.precision != P.precision)
+    fail(where, "summary layout (rank ", S.rank, ", ", precision_name(S.precision),
+         ") differs from the planned one (rank ", P.rank, ", ", precision_name(P.precision), ")");
+}
+
+void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where) {
+  if (q.q == nullptr) fail(where, "q is null");
+  if (q.num_q_heads != plan.params.num_q_heads)
+    fail(where, "num_q_heads ", q.num_q_heads, " differs from the planned ",
+         plan.params.num_q_heads);
+}
+
+}  // namespace detail
+}  // namespace locks

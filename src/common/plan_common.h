@@ -1,0 +1,44 @@
+// What every backend's plan_decode and run calls share: the parameter checks, workspace
+// region bookkeeping and the run-time checks of a call against its plan (private to the
+// libraries; the public contract is include/locks/contract.h).
+#pragma once
+
+#include <cstdint>
+
+#include "locks/plan.h"
+#include "locks/score.h"
+
+namespace locks::detail {
+
+// Validates params for backend (InvalidArgument / Unsupported) and fills params (scale
+// resolved), backend, group and capacity.
+DecodePlan plan_common(const DecodeParams& params, Backend backend);
+
+// Hands out 256-byte aligned regions of a workspace in order.
+class RegionAlloc {
+ public:
+  WorkspaceRegion add(int64_t bytes) {
+    if (bytes <= 0) return {top_, 0};
+    const WorkspaceRegion r{top_, bytes};
+    top_ += (bytes + 255) / 256 * 256;
+    return r;
+  }
+  int64_t total() const { return top_; }
+
+ private:
+  int64_t top_ = 0;
+};
+
+// Run-time checks of a call against its plan (host-visible fields only).
+void check_plan_backend(const DecodePlan& plan, Backend backend, const char* where);
+void check_workspace(const DecodePlan& plan, const Workspace& ws, const char* where);
+void check_run_batch(const DecodePlan& plan, const BatchView& batch, const char* where);
+void check_run_cache(const DecodePlan& plan, const CacheLayout& cache, const char* where);
+void check_run_summary(const DecodePlan& plan, const SummaryLayout& summary, const char* where);
+void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where);
+template <typename T>
+T* region_ptr(const Workspace& ws, const WorkspaceRegion& r) {
+  return reinterpret_cast<T*>(static_cast<char*>(ws.data) + r.offset);
+}
+
+}  // namespace locks::detail

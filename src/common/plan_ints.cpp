@@ -1,0 +1,105 @@
+// DecodePlan::to_ints / from_ints: the plan as a fixed-length int64 vector (plan.h).
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "locks/error.h"
+#include "locks/plan.h"
+#include "locks/rules.h"
+
+namespace locks {
+namespace {
+
+// Every field after the fixed head (workspace_bytes, capacity, tag, backend), in order.
+// f is called with a reference to each; the same list serves both directions.
+template <typename Plan, typename F>
+void fields(Plan& p, F&& f) {
+  auto& c = p.params.cache;
+  f(c.num_blocks), f(c.page_size), f(c.num_kv_heads), f(c.head_dim), f(c.dtype);
+  auto& s = p.params.summary;
+  f(s.num_blocks), f(s.page_size), f(s.num_kv_heads), f(s.head_dim), f(s.rank), f(s.precision);
+  f(p.params.num_q_heads), f(p.params.max_batch), f(p.params.max_blocks_per_seq);
+  f(p.params.select.budget_tokens), f(p.params.select.sink_pages), f(p.params.select.recent_pages);
+  f(p.params.scale), f(p.params.score_chunk_pages), f(p.params.select_chunk_pages);
+  f(p.group), f(p.threads), f(p.score_chunks), f(p.score_chunk_pages), f(p.select_chunks),
+      f(p.select_chunk_pages), f(p.dense_pages_per_split), f(p.dense_splits),
+      f(p.sparse_pages_per_split), f(p.sparse_splits);
+  for (auto* r : {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,
+                  &p.cand_key, &p.cand_idx, &p.cand_cnt, &p.part_o, &p.part_ml, &p.scratch})
+    f(r->offset), f(r->bytes);
+}
+
+constexpr int kHead = 4;
+constexpr int kFields = 20 + 10 + 24;
+static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
+
+template <typename T>
+int64_t to_int(const T& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return int64_t(u);
+  } else {
+    return static_cast<int64_t>(x);
+  }
+}
+
+template <typename T>
+void from_int(int64_t v, T& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto u = static_cast<uint32_t>(v);
+    std::memcpy(&x, &u, 4);
+  } else if constexpr (std::is_enum_v<T>) {
+    x = static_cast<T>(v);
+  } else {
+    LOCKS_REQUIRE(
+        v >= int64_t(std::numeric_limits<T>::min()) && v <= int64_t(std::numeric_limits<T>::max()),
+        "plan field value ", v, " out of range");
+    x = static_cast<T>(v);
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> DecodePlan::to_ints() const {
+  std::vector<int64_t> v(kNumInts, 0);
+  v[kIntWorkspaceBytes] = int64_t(workspace_bytes);
+  v[kIntCapacity] = capacity;
+  v[kIntTag] = kTag;
+  v[kIntBackend] = int64_t(backend);
+  size_t i = kHead;
+  fields(*this, [&](const auto& x) { v[i++] = to_int(x); });
+  return v;
+}
+
+DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
+  LOCKS_REQUIRE(v != nullptr && n == kNumInts, "a plan vector has ", kNumInts, " elements, got ",
+                n);
+  LOCKS_REQUIRE(v[kIntTag] == kTag, "not a plan vector (tag ", v[kIntTag], ")");
+  DecodePlan p;
+  LOCKS_REQUIRE(v[kIntWorkspaceBytes] >= 0, "negative workspace_bytes");
+  p.workspace_bytes = size_t(v[kIntWorkspaceBytes]);
+  from_int(v[kIntCapacity], p.capacity);
+  LOCKS_REQUIRE(v[kIntBackend] == 0 || v[kIntBackend] == 1, "unknown backend code ",
+                v[kIntBackend]);
+  p.backend = static_cast<Backend>(v[kIntBackend]);
+  size_t i = kHead;
+  fields(p, [&](auto& x) { from_int(v[i++], x); });
+  // Consistency: the fields a run call trusts.
+  const DecodeParams& q = p.params;
+  LOCKS_REQUIRE(q.cache.page_size >= 1 && q.max_blocks_per_seq >= 1 && q.max_batch >= 1 &&
+                    q.cache.num_kv_heads >= 1 && q.num_q_heads == p.group * q.cache.num_kv_heads,
+                "inconsistent plan vector");
+  LOCKS_REQUIRE(p.capacity == rules::select_capacity(q.select.budget_tokens, q.cache.page_size,
+                                                     q.max_blocks_per_seq),
+                "plan vector capacity ", p.capacity, " is not the budget rule's");
+  for (const WorkspaceRegion* r :
+       {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,
+        &p.cand_key, &p.cand_idx, &p.cand_cnt, &p.part_o, &p.part_ml, &p.scratch})
+    LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
+                      uint64_t(r->offset + r->bytes) <= p.workspace_bytes,
+                  "plan vector region outside the workspace");
+  return p;
+}
+
+}  // namespace locks

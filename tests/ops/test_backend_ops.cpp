@@ -1,0 +1,488 @@
+// The cross-backend op suite: every op of the contract (contract.h) on the backend of this
+// binary (tests/ops: CPU; tests/cuda: CUDA) against the float64 reference, over cache
+// dtypes, head_dims, page sizes, GQA groups, summary precisions, ragged lengths and budgets
+// from one page to the whole context, within the derived bounds of test_compare.h (plus
+// the backend's ArithModel). Cases a backend does not support (supports()) are skipped
+// with the reason; so is every case when the backend is unavailable (no GPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "backend.h"
+#include "locks/reference.h"
+#include "locks/rules.h"
+#include "test_compare.h"
+#include "test_util.h"
+
+namespace locks::test {
+namespace {
+
+struct OpCase {
+  DType dtype;
+  int head_dim, page_size, kv_heads, group, rank;
+  Precision precision;
+  std::vector<int32_t> lens;
+  bool structured = false;
+};
+
+std::string name_of(const OpCase& c) {
+  std::ostringstream os;
+  os << dtype_name(c.dtype) << "_d" << c.head_dim << "_P" << c.page_size << "_H" << c.kv_heads
+     << "_G" << c.group << "_r" << c.rank << "_" << precision_name(c.precision) << "_B"
+     << c.lens.size();
+  return os.str();
+}
+
+std::vector<OpCase> cases() {
+  using P = Precision;
+  return {
+      {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true},
+      {DType::bf16, 128, 16, 1, 16, 8, P::quant, {300}},
+      {DType::f16, 64, 16, 2, 1, 4, P::fp32, {100, 33}},
+      {DType::f16, 128, 16, 4, 2, 4, P::quant, {1, 15, 17, 160}},
+      {DType::bf16, 64, 16, 2, 8, 8, P::fp32, {64, 250}, true},
+      {DType::f32, 64, 16, 1, 8, 8, P::quant, {257, 64}},
+      {DType::bf16, 64, 8, 2, 2, 4, P::fp32, {41, 8}},
+      {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}},
+      {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}},
+      {DType::f16, 96, 32, 2, 3, 6, P::quant, {95, 64}},
+  };
+}
+
+// Backend memory holding a copy of a host array.
+struct Dev {
+  OpsBackend* be = nullptr;
+  void* p = nullptr;
+  size_t bytes = 0;
+  Dev(OpsBackend* b, size_t n) : be(b), p(b->alloc(n)), bytes(n) {}
+  Dev(OpsBackend* b, const void* src, size_t n) : Dev(b, n) { be->put(p, src, n); }
+  ~Dev() { be->free(p); }
+  Dev(const Dev&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  std::vector<T> read(size_t n) const {
+    std::vector<T> v(n);
+    be->get(v.data(), p, n * sizeof(T));
+    return v;
+  }
+};
+
+// A summary store in backend memory and its host copy (the same layout).
+struct Summaries {
+  SummaryLayout layout;
+  std::vector<std::unique_ptr<Dev>> arrays;
+  SummaryView dev;
+  std::unique_ptr<SummaryStore> host;
+  Summaries(OpsBackend* be, const SummaryLayout& l) : layout(l) {
+    const size_t nb = size_t(l.num_blocks) * l.num_kv_heads, d = size_t(l.head_dim),
+                 r = size_t(l.rank), P = size_t(l.page_size);
+    auto add = [&](size_t bytes) {
+      arrays.push_back(std::make_unique<Dev>(be, bytes));
+      return arrays.back()->p;
+    };
+    dev.layout = l;
+    if (l.precision == Precision::fp32) {
+      dev.mu = static_cast<float*>(add(nb * d * 4));
+      dev.basis = static_cast<float*>(add(nb * r * d * 4));
+      dev.coeff = static_cast<float*>(add(nb * P * r * 4));
+    } else {
+      dev.mu_q = static_cast<int8_t*>(add(nb * d));
+      dev.mu_scale = static_cast<float*>(add(nb * 4));
+      dev.basis_q = static_cast<uint8_t*>(add(nb * r * d / 2));
+      dev.basis_scale = static_cast<float*>(add(nb * r * 4));
+      dev.coeff_q = static_cast<int8_t*>(add(nb * P * r));
+      dev.coeff_scale = static_cast<float*>(add(nb * r * 4));
+    }
+    host = std::make_unique<SummaryStore>(l);
+  }
+  void poison(OpsBackend* be) {
+    for (auto& a : arrays) be->fill(a->p, 0x5a, a->bytes);
+  }
+  // Downloads into host and returns the host view.
+  SummaryView download(OpsBackend* be) {
+    SummaryView h = host->view();
+    void* dst[] = {h.mu, h.basis, h.coeff};
+    void* qdst[] = {h.mu_q, h.mu_scale, h.basis_q, h.basis_scale, h.coeff_q, h.coeff_scale};
+    for (size_t i = 0; i < arrays.size(); ++i)
+      be->get(layout.precision == Precision::fp32 ? dst[i] : qdst[i], arrays[i]->p,
+              arrays[i]->bytes);
+    return h;
+  }
+};
+
+// One (block, head) of a backend summary against the float64 reference build:
+// the centroid within float rounding (+ half a quantization step), and for fp32 summaries the
+// reconstruction residual within the solver's error of the optimal rank-r residual.
+void expect_summary_matches(const TestCache& t, const SummaryView& sv, int32_t blk, int h,
+                            const ref::PageSummary64& r64) {
+  const SummaryLayout& l = sv.layout;
+  const int d = l.head_dim, r = l.rank, P = l.page_size;
+  const int64_t bh = int64_t(blk) * l.num_kv_heads + h;
+  std::vector<float> mu(static_cast<size_t>(d)), basis(size_t(r) * d), coeff(size_t(P) * r);
+  double half_step = 0;
+  if (l.precision == Precision::fp32) {
+    std::copy_n(sv.mu + bh * d, d, mu.begin());
+    std::copy_n(sv.basis + bh * r * d, r * d, basis.begin());
+    std::copy_n(sv.coeff + bh * P * r, P * r, coeff.begin());
+  } else {
+    summary_dequantize(sv.mu_q + bh * d, sv.mu_scale[bh], sv.basis_q + bh * r * (d / 2),
+                       sv.basis_scale + bh * r, sv.coeff_q + bh * P * r, sv.coeff_scale + bh * r, d,
+                       P, r, mu.data(), basis.data(), coeff.data());
+    half_step = 0.5 * sv.mu_scale[bh] * (1 + 1e-6);
+  }
+  double kmax = 0;
+  const CacheLayout& L = t.layout();
+  std::vector<double> K(static_cast<size_t>(P) * d);
+  for (int s = 0; s < P; ++s)
+    for (int c = 0; c < d; ++c) {
+      K[size_t(s) * d + c] = load_as_float(t.view().k, L.dtype, L.offset(blk, s, h) + c);
+      kmax = std::max(kmax, std::fabs(K[size_t(s) * d + c]));
+    }
+  for (int c = 0; c < d; ++c)
+    ASSERT_NEAR(mu[size_t(c)], r64.mu[size_t(c)], half_step + 4 * P * kEps32 * kmax)
+        << "mu of block " << blk << " head " << h << " dim " << c;
+  if (l.precision != Precision::fp32) return;
+  // ||K - mu - C V||^2 vs the optimum sum_{k >= r} sigma_k^2. Errors: float storage of mu,
+  // V, C (~eps32 ||K||^2 each) and the eigen-solver's (CUDA: fp32 Jacobi on the Gram
+  // matrix, eigenvalues within ~P eps32 sigma_0^2 each).
+  double resid = 0, frob = 0;
+  for (int s = 0; s < P; ++s)
+    for (int c = 0; c < d; ++c) {
+      double x = K[size_t(s) * d + c] - mu[size_t(c)];
+      frob += x * x;
+      for (int k = 0; k < r; ++k) x -= double(coeff[size_t(s) * r + k]) * basis[size_t(k) * d + c];
+      resid += x * x;
+    }
+  double opt = 0;
+  for (size_t k = size_t(r); k < r64.sigma.size(); ++k) opt += r64.sigma[k] * r64.sigma[k];
+  const double s0 = r64.sigma.empty() ? 0 : r64.sigma[0] * r64.sigma[0];
+  EXPECT_NEAR(resid, opt, 64.0 * r * P * kEps32 * (s0 + frob) + 1e-12)
+      << "residual of block " << blk << " head " << h;
+}
+
+class BackendOps : public ::testing::TestWithParam<OpCase> {
+ protected:
+  void SetUp() override {
+    be_ = make_backend();
+    const std::string why = be_->unavailable();
+    if (!why.empty()) GTEST_SKIP() << why;
+    const OpCase& c = GetParam();
+    DecodeShape shape{c.head_dim, c.page_size, c.group, c.dtype, c.rank, c.precision};
+    const Support s = supports(be_->kind(), shape);
+    if (!s.ok) GTEST_SKIP() << s.reason;
+    CacheSpec sp;
+    sp.dtype = c.dtype;
+    sp.page_size = c.page_size;
+    sp.num_kv_heads = c.kv_heads;
+    sp.num_q_heads = c.kv_heads * c.group;
+    sp.head_dim = c.head_dim;
+    sp.seq_lens = c.lens;
+    sp.structured = c.structured;
+    sp.seed = 7 + c.head_dim + c.page_size;
+    t_ = make_cache(sp);
+    const CacheLayout& L = t_.layout();
+    const size_t kv_bytes = size_t(L.num_blocks) * L.block_elems() * dtype_size(L.dtype);
+    k_ = std::make_unique<Dev>(be_.get(), t_.view().k, kv_bytes);
+    v_ = std::make_unique<Dev>(be_.get(), t_.view().v, kv_bytes);
+    const BatchView& hb = t_.bv();
+    bt_ = std::make_unique<Dev>(be_.get(), hb.block_table,
+                                size_t(hb.batch_size) * hb.block_table_stride * 4);
+    lens_ = std::make_unique<Dev>(be_.get(), hb.seq_lens, size_t(hb.batch_size) * 4);
+    q_ = std::make_unique<Dev>(be_.get(), t_.q.data(), t_.q.size() * 4);
+    cache_ = {k_->p, v_->p, L};
+    batch_ = hb;
+    batch_.block_table = bt_->as<int32_t>();
+    batch_.seq_lens = lens_->as<int32_t>();
+    qv_ = {q_->as<float>(), sp.num_q_heads};
+    sl_ = summary_layout_for(L, c.rank, c.precision);
+  }
+
+  // Bulk build of every full page on the backend; the host copy checked against the reference.
+  std::unique_ptr<Summaries> build_all() {
+    auto s = std::make_unique<Summaries>(be_.get(), sl_);
+    const std::vector<int32_t> ids = t_.full_blocks();
+    Dev dids(be_.get(), ids.data(), std::max<size_t>(ids.size(), 1) * 4);
+    be_->summary_build(cache_, dids.as<int32_t>(), int64_t(ids.size()), s->dev);
+    be_->finish();
+    s->download(be_.get());
+    return s;
+  }
+
+  DecodeParams params(const SelectConfig& sel) const {
+    DecodeParams p;
+    p.cache = t_.layout();
+    p.summary = sl_;
+    p.num_q_heads = t_.spec.num_q_heads;
+    p.max_batch = t_.bv().batch_size;
+    p.max_blocks_per_seq = t_.max_blocks();
+    p.select = sel;
+    return p;
+  }
+
+  std::unique_ptr<OpsBackend> be_;
+  TestCache t_;
+  std::unique_ptr<Dev> k_, v_, bt_, lens_, q_;
+  KvCacheView cache_;
+  BatchView batch_;
+  QueryView qv_;
+  SummaryLayout sl_;
+};
+
+TEST_P(BackendOps, SummaryBuildMatchesReference) {
+  auto s = build_all();
+  const SummaryView hv = s->host->view();
+  int checked = 0;
+  for (const int32_t blk : t_.full_blocks())
+    for (int h = 0; h < t_.spec.num_kv_heads; ++h, ++checked)
+      expect_summary_matches(t_, hv, blk, h, ref::summary_build_page(t_.view(), blk, h, sl_.rank));
+  EXPECT_EQ(checked, int(t_.full_blocks().size()) * t_.spec.num_kv_heads);
+}
+
+// The filled-page builds write exactly the blocks of the reference's rule (every other
+// block keeps its poison bytes), each matching the reference build.
+void expect_built_exactly(const TestCache& t, Summaries& s, OpsBackend* be,
+                          const std::vector<int32_t>& expect, const SummaryLayout& sl) {
+  Summaries poison(be, sl);
+  poison.poison(be);
+  const SummaryView after = s.download(be);
+  const SummaryView untouched = poison.download(be);
+  const std::set<int32_t> built(expect.begin(), expect.end());
+  const int H = sl.num_kv_heads, d = sl.head_dim;
+  for (int64_t blk = 0; blk < sl.num_blocks; ++blk)
+    for (int h = 0; h < H; ++h) {
+      const int64_t bh = blk * H + h;
+      if (built.count(int32_t(blk))) {
+        expect_summary_matches(t, after, int32_t(blk), h,
+                               ref::summary_build_page(t.view(), int32_t(blk), h, sl.rank));
+      } else if (sl.precision == Precision::fp32) {
+        EXPECT_EQ(std::memcmp(after.mu + bh * d, untouched.mu + bh * d, size_t(d) * 4), 0)
+            << "block " << blk << " was written but did not fill";
+      } else {
+        EXPECT_EQ(std::memcmp(after.mu_q + bh * d, untouched.mu_q + bh * d, size_t(d)), 0)
+            << "block " << blk << " was written but did not fill";
+      }
+    }
+}
+
+TEST_P(BackendOps, SummaryBuildFilledFollowsTheLengthRule) {
+  for (const int appended : {1, 3, t_.spec.page_size}) {
+    SCOPED_TRACE(testing::Message() << "appended " << appended);
+    Summaries s(be_.get(), sl_);
+    s.poison(be_.get());
+    be_->summary_build_filled(cache_, batch_, appended, s.dev);
+    be_->finish();
+    const std::vector<int32_t> expect = ref::filled_blocks(t_.layout(), t_.bv(), appended);
+    expect_built_exactly(t_, s, be_.get(), expect, sl_);
+  }
+}
+
+TEST_P(BackendOps, SummaryBuildSlotsFollowsTheSlotRule) {
+  // The slots a serving engine wrote this step: the last token of every sequence, the
+  // token before it, and padding.
+  const int P = t_.spec.page_size;
+  std::vector<int32_t> slots{-1};
+  for (int b = 0; b < t_.bv().batch_size; ++b) {
+    const int32_t len = t_.bv().seq_lens[b];
+    for (int32_t tok : {len - 1, len - 2})
+      if (tok >= 0) slots.push_back(t_.block_of(b, tok / P) * P + tok % P);
+    slots.push_back(-1);
+  }
+  Dev ds(be_.get(), slots.data(), slots.size() * 4);
+  Summaries s(be_.get(), sl_);
+  s.poison(be_.get());
+  be_->summary_build_slots(cache_, ds.as<int32_t>(), int64_t(slots.size()), s.dev);
+  be_->finish();
+  const std::vector<int32_t> expect =
+      ref::slot_blocks(t_.layout(), slots.data(), int64_t(slots.size()));
+  expect_built_exactly(t_, s, be_.get(), expect, sl_);
+}
+
+TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
+  auto s = build_all();
+  const SummaryView hv = s->host->view();
+  const int P = t_.spec.page_size, B = t_.bv().batch_size, Hq = t_.spec.num_q_heads;
+  const int H = t_.spec.num_kv_heads, M = t_.max_blocks(), d = t_.spec.head_dim;
+  const int32_t longest = *std::max_element(t_.spec.seq_lens.begin(), t_.spec.seq_lens.end());
+  const ArithModel am = be_->arith(t_.spec.dtype);
+  const std::vector<SelectConfig> budgets{
+      {P, 0, 0}, {3 * P + 5, 1, 1}, {7 * P, 2, 1}, {longest, 0, 0}, {longest + 3 * P, 1, 2}};
+  for (const SelectConfig& sc : budgets) {
+    SCOPED_TRACE(testing::Message() << "budget " << sc.budget_tokens << " sink " << sc.sink_pages
+                                    << " recent " << sc.recent_pages);
+    const DecodePlan plan = be_->plan(params(sc));
+    ASSERT_EQ(plan.capacity, rules::select_capacity(sc.budget_tokens, P, M));
+    Dev ws(be_.get(), plan.workspace_bytes);
+    const Workspace w{ws.p, plan.workspace_bytes};
+    Dev hs(be_.get(), size_t(B) * Hq * M * 4), gs(be_.get(), size_t(B) * H * M * 4);
+    be_->score_pages(plan, w, s->dev, batch_, qv_, hs.as<float>());
+    be_->aggregate_gqa(plan, w, batch_, hs.as<float>(), gs.as<float>());
+    const int cap = plan.capacity;
+    Dev pages(be_.get(), size_t(B) * H * cap * 4), counts(be_.get(), size_t(B) * H * 4);
+    const Selection dsel{pages.as<int32_t>(), counts.as<int32_t>(), cap};
+    be_->select_pages(plan, w, batch_, gs.as<float>(), dsel);
+    Dev out(be_.get(), size_t(B) * Hq * d * 4), lse(be_.get(), size_t(B) * Hq * 4);
+    be_->attention_sparse(plan, w, cache_, batch_, qv_, dsel, {out.as<float>(), lse.as<float>()});
+    be_->finish();
+
+    const std::vector<float> hsh = hs.read<float>(size_t(B) * Hq * M);
+    expect_scores_match(t_, hv, hsh.data(), am);
+    const std::vector<float> gsh = gs.read<float>(size_t(B) * H * M);
+    expect_aggregate_match(hsh, t_.bv(), Hq, H, gsh.data(), am);
+    // Selection: exactly the reference rule on the backend's own group scores.
+    std::vector<int32_t> ph = pages.read<int32_t>(size_t(B) * H * cap),
+                         ch = counts.read<int32_t>(size_t(B) * H);
+    SelectionBuf rs(B, H, cap);
+    const std::vector<double> gd(gsh.begin(), gsh.end());
+    ref::select_pages(gd.data(), t_.bv(), H, P, sc, rs.sel);
+    EXPECT_EQ(ch, rs.counts);
+    for (int64_t i = 0; i < int64_t(B) * H; ++i)
+      for (int k = 0; k < rs.counts[size_t(i)]; ++k)
+        EXPECT_EQ(ph[size_t(i * cap + k)], rs.pages[size_t(i * cap + k)]) << "row " << i;
+    const std::vector<float> oh = out.read<float>(size_t(B) * Hq * d),
+                             lh = lse.read<float>(size_t(B) * Hq);
+    expect_attention_match(t_, &rs.sel, oh.data(), lh.data(), am);
+
+    // The whole step gives the same selection and the same bits as the ops in sequence.
+    Dev out2(be_.get(), size_t(B) * Hq * d * 4), lse2(be_.get(), size_t(B) * Hq * 4);
+    Dev pages2(be_.get(), size_t(B) * H * cap * 4), counts2(be_.get(), size_t(B) * H * 4);
+    const Selection dsel2{pages2.as<int32_t>(), counts2.as<int32_t>(), cap};
+    be_->decode(plan, w, cache_, s->dev, batch_, qv_, {out2.as<float>(), lse2.as<float>()}, &dsel2);
+    be_->finish();
+    EXPECT_EQ(counts2.read<int32_t>(size_t(B) * H), ch);
+    EXPECT_EQ(out2.read<float>(size_t(B) * Hq * d), oh) << "decode() vs the ops in sequence";
+    EXPECT_EQ(lse2.read<float>(size_t(B) * Hq), lh);
+  }
+}
+
+TEST_P(BackendOps, DenseAttentionMatchesReference) {
+  const DecodePlan plan = be_->plan(params({t_.spec.page_size, 0, 0}));
+  Dev ws(be_.get(), plan.workspace_bytes);
+  const int B = t_.bv().batch_size, Hq = t_.spec.num_q_heads, d = t_.spec.head_dim;
+  Dev out(be_.get(), size_t(B) * Hq * d * 4), lse(be_.get(), size_t(B) * Hq * 4);
+  be_->attention_dense(plan, {ws.p, plan.workspace_bytes}, cache_, batch_, qv_,
+                       {out.as<float>(), lse.as<float>()});
+  be_->finish();
+  const std::vector<float> oh = out.read<float>(size_t(B) * Hq * d),
+                           lh = lse.read<float>(size_t(B) * Hq);
+  expect_attention_match(t_, nullptr, oh.data(), lh.data(), be_->arith(t_.spec.dtype));
+}
+
+TEST_P(BackendOps, RunCallsRejectCallsOutsideThePlan) {
+  const DecodePlan plan = be_->plan(params({t_.spec.page_size, 0, 0}));
+  Dev ws(be_.get(), plan.workspace_bytes + 256);
+  const int B = t_.bv().batch_size, Hq = t_.spec.num_q_heads, d = t_.spec.head_dim;
+  Dev out(be_.get(), size_t(B) * Hq * d * 4);
+  const AttentionOutput ao{out.as<float>(), nullptr};
+  if (plan.workspace_bytes > 0) {
+    EXPECT_THROW(
+        be_->attention_dense(plan, {ws.p, plan.workspace_bytes - 1}, cache_, batch_, qv_, ao),
+        InvalidArgument);
+    EXPECT_THROW(
+        be_->attention_dense(plan, {nullptr, plan.workspace_bytes}, cache_, batch_, qv_, ao),
+        InvalidArgument);
+  }
+  BatchView more = batch_;
+  more.max_blocks_per_seq = t_.max_blocks() + 1;
+  more.block_table_stride = std::max<int64_t>(more.block_table_stride, more.max_blocks_per_seq);
+  EXPECT_THROW(be_->attention_dense(plan, {ws.p, plan.workspace_bytes}, cache_, more, qv_, ao),
+               InvalidArgument);
+  DecodePlan other = plan;
+  other.backend = be_->kind() == Backend::cpu ? Backend::cuda : Backend::cpu;
+  EXPECT_THROW(be_->attention_dense(other, {ws.p, plan.workspace_bytes}, cache_, batch_, qv_, ao),
+               InvalidArgument);
+  auto s = build_all();
+  SummaryView wrong = s->dev;
+  wrong.layout.rank = sl_.rank == 1 ? 2 : sl_.rank - 1;
+  Dev hs(be_.get(), size_t(B) * Hq * t_.max_blocks() * 4);
+  EXPECT_THROW(
+      be_->score_pages(plan, {ws.p, plan.workspace_bytes}, wrong, batch_, qv_, hs.as<float>()),
+      InvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BackendOps, ::testing::ValuesIn(cases()),
+                         [](const testing::TestParamInfo<OpCase>& i) { return name_of(i.param); });
+
+// 1,000 plan / run cycles over varying batch shapes and budgets with one caller-owned
+// workspace (sized once for the largest plan): the process's memory stays flat, i.e. no
+// run call and no plan keeps memory.
+TEST(BackendMemory, ThousandPlanRunCyclesKeepMemoryFlat) {
+  auto be = make_backend();
+  if (!be->unavailable().empty()) GTEST_SKIP() << be->unavailable();
+  CacheSpec sp;
+  sp.dtype = DType::bf16;
+  sp.page_size = 16;
+  sp.num_kv_heads = 2;
+  sp.num_q_heads = 8;
+  sp.head_dim = 64;
+  sp.seq_lens = {300, 47, 160, 16};
+  TestCache t = make_cache(sp);
+  const CacheLayout& L = t.layout();
+  const SummaryLayout sl = summary_layout_for(L, 8, Precision::quant);
+  ASSERT_TRUE(supports(be->kind(), {64, 16, 4, DType::bf16, 8, Precision::quant}).ok);
+  const size_t kv_bytes = size_t(L.num_blocks) * L.block_elems() * 2;
+  Dev k(be.get(), t.view().k, kv_bytes), v(be.get(), t.view().v, kv_bytes);
+  const BatchView& hb = t.bv();
+  Dev bt(be.get(), hb.block_table, size_t(hb.batch_size) * hb.block_table_stride * 4);
+  Dev lens(be.get(), hb.seq_lens, size_t(hb.batch_size) * 4);
+  Dev q(be.get(), t.q.data(), t.q.size() * 4);
+  Summaries s(be.get(), sl);
+  const std::vector<int32_t> ids = t.full_blocks();
+  Dev dids(be.get(), ids.data(), ids.size() * 4);
+  const KvCacheView cache{k.p, v.p, L};
+  be->summary_build(cache, dids.as<int32_t>(), int64_t(ids.size()), s.dev);
+  const int M = t.max_blocks(), B = hb.batch_size, Hq = sp.num_q_heads;
+  Dev out(be.get(), size_t(B) * Hq * sp.head_dim * 4), lse(be.get(), size_t(B) * Hq * 4);
+
+  auto params_of = [&](int cycle) {
+    DecodeParams p;
+    p.cache = L;
+    p.summary = sl;
+    p.num_q_heads = Hq;
+    p.max_batch = 1 + cycle % B;
+    p.max_blocks_per_seq = M - (cycle / 7) % 3;
+    const int budgets[] = {16, 48, 100, 4096};
+    const int budget = budgets[(cycle / 2) % 4];
+    p.select = {budget, budget >= 32 ? (cycle / 5) % 2 : 0, 0};
+    return p;
+  };
+  size_t most = 0;
+  for (int c = 0; c < 1000; ++c) most = std::max(most, be->plan(params_of(c)).workspace_bytes);
+  Dev ws(be.get(), most);
+  int64_t before = 0;
+  for (int c = 0; c < 1000; ++c) {
+    const DecodeParams p = params_of(c);
+    const DecodePlan plan = be->plan(p);
+    ASSERT_LE(plan.workspace_bytes, most);
+    BatchView bv = hb;
+    bv.block_table = bt.as<int32_t>();
+    bv.seq_lens = lens.as<int32_t>();
+    bv.batch_size = p.max_batch;
+    bv.max_blocks_per_seq = p.max_blocks_per_seq;
+    // Keep the lengths within the planned pages: the first sequence is the longest.
+    if (bv.max_blocks_per_seq < M) {
+      bv.seq_lens += 1;
+      bv.block_table += hb.block_table_stride;
+      bv.batch_size = std::min(bv.batch_size, B - 1);
+    }
+    be->decode(plan, {ws.p, plan.workspace_bytes}, cache, s.dev, bv, {q.as<float>(), Hq},
+               {out.as<float>(), lse.as<float>()}, nullptr);
+    if (c == 9) {
+      be->finish();
+      before = be->memory_in_use();
+    }
+  }
+  be->finish();
+  const int64_t after = be->memory_in_use();
+  // CUDA: device memory in use is exact; CPU: the resident set may move by allocator noise.
+  const int64_t slack = be->kind() == Backend::cuda ? 0 : (int64_t(1) << 20);
+  EXPECT_LE(after - before, slack) << "memory grew from " << before << " to " << after;
+}
+
+}  // namespace
+}  // namespace locks::test

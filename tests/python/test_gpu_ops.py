@@ -1,0 +1,160 @@
+"""The CUDA operators against the CPU operators and the float64 reference, within the derived
+bounds (gpu_util.py, from tests/common/test_compare.h), and torch.library.opcheck on CUDA.
+Run on the GPU machine: scripts/gpu_tests.sh python."""
+import pytest
+import torch
+
+import locks
+from locks import ops
+
+from gpu_util import (DEV, UNIT, as_float_summaries, assert_attention_close, assert_selections_agree,
+                      full_blocks, group_shares, needs_cuda, paged, ref_attention)
+
+pytestmark = pytest.mark.gpu
+P = 16
+
+
+def wrapper(device, B, Hq, H, d, nb, mb, budget, precision="int4", dtype=torch.bfloat16, **kw):
+    return locks.DecodeWrapper.allocate(num_q_heads=Hq, num_kv_heads=H, head_dim=d, num_blocks=nb,
+                                        max_batch=B, max_blocks_per_seq=mb, precision=precision,
+                                        kv_dtype=dtype, budget_tokens=budget, device=device, **kw)
+
+
+SHAPES = [  # (head_dim, H, Hq, dtype)
+    (128, 2, 8, torch.bfloat16),
+    (64, 4, 4, torch.bfloat16),
+    (128, 1, 16, torch.float16),
+]
+
+
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES)
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_cuda_summary_build_matches_cpu(d, H, Hq, dtype, precision):
+    """Both backends fit the same best rank-r subspace (bases differ in sign and, at equal
+    singular values, rotation): compare the reconstructions mu + coeff @ basis of every page,
+    within the dtype's rounding of the keys plus the quantization steps (int4)."""
+    k, _, bt, sl, _ = paged(H=H, Hq=Hq, d=d, dtype=dtype)
+    nb = k.shape[0]
+    full = full_blocks(bt, sl)
+    sc = ops.new_summaries(nb, H, d, P, 8, precision=precision)
+    sg = ops.new_summaries(nb, H, d, P, 8, DEV, precision)
+    ops.summary_build(k, full, sc)
+    ops.summary_build(k.to(DEV), full.to(DEV), sg)
+    fc, fg = as_float_summaries(sc), as_float_summaries(sg)
+    rec = lambda s: (s[0][:, None] + torch.einsum("bhpr,bhrd->bphd", s[2], s[1]))[full.long()]  # noqa: E731
+    kk = k[full.long()].double()
+    err_c = (rec(fc).double() - kk).norm(dim=-1)
+    err_g = (rec(fg).double() - kk).norm(dim=-1)
+    # the CUDA fit is as good as the CPU's (its Jacobi solver in float): residual norms agree
+    # to float rounding of the Gram matrix, relative to the page's key norm
+    scale = kk.norm(dim=-1).amax(1, keepdim=True)
+    slack = 1e-3 if precision == "fp32" else 0.05  # int4: one quantization step of the basis
+    assert ((err_g - err_c).abs() <= slack * scale).all(), float(((err_g - err_c).abs() / scale).max())
+
+
+def test_cuda_summary_update_both_rules_match_bulk():
+    k, _, bt, sl, _ = paged()
+    nb, H, d = k.shape[0], 2, 128
+    kd, btd = k.to(DEV), bt.to(DEV)
+    lens = (sl // P) * P  # every sequence has just filled its last page
+    want = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+    last = torch.stack([bt[b, int(lens[b]) // P - 1] for b in range(bt.shape[0])]).to(torch.int32)
+    ops.summary_build(kd, last.to(DEV), want)
+    by_lens = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+    ops.summary_update(kd, btd, lens.to(DEV), by_lens)
+    by_slots = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+    slots = (last.long() * P + P - 1).to(torch.int32)
+    slots = torch.cat([slots, torch.tensor([-1, 5], dtype=torch.int32)])  # padding, a mid-page slot
+    ops.summary_update(kd, btd, lens.to(DEV), by_slots, slot_mapping=slots.to(DEV))
+    for a, b, c in zip(want, by_lens, by_slots):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES)
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+@pytest.mark.parametrize("budget", [16, 128, 512, 1 << 20])
+def test_cuda_select_matches_cpu_up_to_near_ties(d, H, Hq, dtype, precision, budget):
+    k, _, bt, sl, q = paged(H=H, Hq=Hq, d=d, dtype=dtype)
+    nb, mb = k.shape[0], bt.shape[1]
+    s = ops.new_summaries(nb, H, d, P, 8, precision=precision)
+    ops.summary_build(k, full_blocks(bt, sl), s)  # the same summaries on both backends
+    sg = [t.to(DEV) for t in s]
+    wc = wrapper("cpu", 4, Hq, H, d, nb, mb, budget, precision, dtype)
+    wg = wrapper(DEV, 4, Hq, H, d, nb, mb, budget, precision, dtype)
+    assert wc.capacity == wg.capacity
+    pc, cc = wc.select(q, s, bt, sl)
+    pg, cg = wg.select(q.to(DEV), sg, bt.to(DEV), sl.to(DEV))
+    shares, A = group_shares(q, as_float_summaries(s), bt, sl, d ** -0.5)
+    assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
+
+
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES)
+@pytest.mark.parametrize("budget", [128, 512, None])
+def test_cuda_attention_within_derived_bounds(d, H, Hq, dtype, budget):
+    k, v, bt, sl, q = paged(H=H, Hq=Hq, d=d, dtype=dtype)
+    nb, mb = k.shape[0], bt.shape[1]
+    s = ops.new_summaries(nb, H, d, P, 8, precision="int4")
+    ops.summary_build(k, full_blocks(bt, sl), s)
+    wc = wrapper("cpu", 4, Hq, H, d, nb, mb, budget or mb * P, "int4", dtype)
+    wg = wrapper(DEV, 4, Hq, H, d, nb, mb, budget or mb * P, "int4", dtype)
+    args = lambda dev: [t.to(dev) for t in (q, k, v)] + [[t.to(dev) for t in s]] + [bt.to(dev), sl.to(dev)]  # noqa: E731
+    scale = d ** -0.5
+    if budget is None:
+        og, lg = wg.run(*args(DEV), dense=True)
+        ref = ref_attention(q, k, v, bt, sl, scale)
+    else:
+        pages, counts = wc.select(q, s, bt, sl)  # the CPU's selection, attended on both
+        og, lg = wg.attend(*[t.to(DEV) for t in (q, k, v, bt, sl)], pages=pages.to(DEV), counts=counts.to(DEV))
+        ref = ref_attention(q, k, v, bt, sl, scale, pages, counts)
+    assert_attention_close(og, lg, ref, dtype)
+
+
+def _opcheck_cases():
+    k, v, bt, sl, q = [t.to(DEV) for t in paged(B=2, lens=(70, 33), d=128)]
+    H, d = 2, 128
+    nb, mb = k.shape[0], bt.shape[1]
+    cases = {}
+    for precision in ("fp32", "int4"):
+        s = ops.new_summaries(nb, H, d, P, 8, DEV, precision)
+        ids = torch.arange(nb, dtype=torch.int32, device=DEV)
+        ops.summary_build(k, ids, s)
+        w = wrapper(DEV, 2, 8, H, d, nb, mb, 48, precision)
+        pages, counts = w.select(q, s, bt, sl)
+        out, lse = torch.empty_like(q), torch.empty(2, 8, device=DEV)
+        s2 = list(ops.new_summaries(nb, H, d, P, 8, DEV, precision))
+        L = torch.ops.locks
+        slots = torch.tensor([15, -1, 33], dtype=torch.int32, device=DEV)
+        cases.update({
+            f"summary_build_{precision}": (L.summary_build.default, (k, ids, s2)),
+            f"summary_update_lens_{precision}": (L.summary_update.default, (k, bt, torch.tensor([64, 33], dtype=torch.int32, device=DEV), None, s2)),
+            f"summary_update_slots_{precision}": (L.summary_update.default, (k, bt, sl, slots, s2)),
+            f"select_pages_{precision}": (L.select_pages.default, (w.workspace, w.plan_vector, q, list(s), bt, sl, pages.clone(), counts.clone())),
+            f"decode_attention_sparse_{precision}": (L.decode_attention.default, (w.workspace, w.plan_vector, q, k, v, bt, sl, pages, counts, out, lse)),
+            f"decode_attention_dense_{precision}": (L.decode_attention.default, (w.workspace, w.plan_vector, q, k, v, bt, sl, None, None, out.clone(), lse.clone())),
+        })
+    return cases
+
+
+OPCHECK = ["summary_build", "summary_update_lens", "summary_update_slots", "select_pages",
+           "decode_attention_sparse", "decode_attention_dense"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+@pytest.mark.parametrize("name", OPCHECK)
+def test_cuda_opcheck(name, precision):
+    op, args = _opcheck_cases()[f"{name}_{precision}"]
+    torch.library.opcheck(op, args)
+
+
+@needs_cuda
+def test_cuda_supports_agrees_with_plan():
+    for d in (32, 64, 96, 128, 256):
+        for group in (1, 4, 8, 16, 32):
+            ok, why = locks.supports("cuda", head_dim=d, group=group)
+            try:
+                wrapper(DEV, 2, 2 * group, 2, d, 64, 16, 128)
+                planned = True
+            except NotImplementedError as e:
+                planned = False
+                assert why and why in str(e)
+            assert planned == ok, (d, group, why)

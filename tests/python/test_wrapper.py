@@ -1,0 +1,175 @@
+"""locks.DecodeWrapper: plan once / run many over a caller-owned workspace; the same results
+as the one-shot ops; memory flat over 1,000 plan/run cycles of varying shapes and budgets
+(no state outside the caller's objects: issue #9)."""
+import gc
+import resource
+import tracemalloc
+
+import pytest
+import torch
+
+import locks
+from locks import ops
+
+P, H, D = 16, 2, 64
+
+
+def setup(nb, lens, mb, precision="int4", dtype=torch.float32, seed=0, hq=3 * H):
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.randn(nb, H, 3, D, generator=g)
+    coef = torch.randn(nb, P, H, 3, generator=g) * 2
+    k = (torch.einsum("bphr,bhrd->bphd", coef, basis) + 0.1 * torch.randn(nb, P, H, D, generator=g)).to(dtype).contiguous()
+    v = torch.randn(nb, P, H, D, generator=g).to(dtype).contiguous()
+    bt = torch.randperm(nb, generator=g)[: len(lens) * mb].to(torch.int32).view(len(lens), mb).contiguous()
+    sl = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), hq, D, generator=g)
+    s = ops.new_summaries(nb, H, D, P, 8, precision=precision)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    return k, v, bt, sl, q, s
+
+
+def plan_kwargs(nb, mb, batch, budget=64, precision="int4", dtype=torch.float32, **kw):
+    return dict(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=nb, max_batch=batch,
+                max_blocks_per_seq=mb, page_size=P, rank=8, precision=precision, kv_dtype=dtype,
+                budget_tokens=budget, **kw)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_run_equals_select_then_attend_and_the_one_shot_ops(precision):
+    nb, mb = 40, 20
+    k, v, bt, sl, q, s = setup(nb, [300, 130], mb, precision)
+    kw = plan_kwargs(nb, mb, 2, 64, precision)
+    ws = torch.empty(locks.workspace_bytes(**kw), dtype=torch.uint8)
+    w = locks.DecodeWrapper(ws).plan(**kw)
+    assert w.capacity == ops.select_capacity(64, P, mb) == 4
+    out, lse = w.run(q, k, v, s, bt, sl)
+    pages, counts = ops.select_pages(q, s, bt, sl, 64)
+    o2, l2 = ops.sparse_decode(q, k, v, bt, sl, pages, counts)
+    assert torch.equal(out, o2) and torch.equal(lse, l2)
+    # caller-given outputs are written in place and returned
+    out3, lse3 = torch.empty_like(out), torch.empty_like(lse)
+    pg, ct = torch.empty_like(pages), torch.empty_like(counts)
+    r = w.run(q, k, v, s, bt, sl, out=out3, lse=lse3, pages=pg, counts=ct)
+    assert r[0] is out3 and r[1] is lse3 and torch.equal(out3, out) and torch.equal(pg, pages)
+    od, ld = w.run(q, k, v, s, bt, sl, dense=True)
+    o4, l4 = ops.dense_decode(q, k, v, bt, sl)
+    assert torch.equal(od, o4) and torch.equal(ld, l4)
+
+
+def test_smaller_batch_than_planned_and_replanning():
+    nb, mb = 40, 20
+    k, v, bt, sl, q, s = setup(nb, [300, 130], mb)
+    w = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 4))  # room for 4 sequences
+    o1, _ = w.run(q[:1], k, v, s, bt[:1], sl[:1])
+    o2, _ = w.run(q, k, v, s, bt, sl)
+    assert torch.equal(o1[0], o2[0])
+    with pytest.raises(ValueError, match="batch"):
+        w.run(torch.cat([q] * 3), k, v, s, torch.cat([bt] * 3), torch.cat([sl] * 3))
+    with pytest.raises(ValueError, match="workspace has"):
+        w.plan(**plan_kwargs(nb, mb, 6))  # same workspace, larger plan: does not fit
+    w = locks.DecodeWrapper(torch.empty(locks.workspace_bytes(**plan_kwargs(nb, mb, 6)), dtype=torch.uint8))
+    w.plan(**plan_kwargs(nb, mb, 6))
+    w.run(torch.cat([q] * 3), k, v, s, torch.cat([bt] * 3), torch.cat([sl] * 3))
+
+
+def test_plan_errors():
+    with pytest.raises(ValueError, match="workspace has 16 bytes"):
+        locks.DecodeWrapper(torch.empty(16, dtype=torch.uint8)).plan(**plan_kwargs(40, 20, 2))
+    with pytest.raises(ValueError, match="uint8"):
+        locks.DecodeWrapper(torch.empty(16, dtype=torch.float32))
+    with pytest.raises(TypeError):
+        locks.DecodeWrapper(bytearray(16))
+    with pytest.raises(RuntimeError, match="plan"):
+        locks.DecodeWrapper(torch.empty(16, dtype=torch.uint8)).run(None, None, None, None, None, None)
+    with pytest.raises(ValueError, match="budget"):
+        locks.workspace_bytes(**plan_kwargs(40, 20, 2, budget=8))
+    with pytest.raises(NotImplementedError, match="head_dim"):
+        locks.workspace_bytes(**{**plan_kwargs(40, 20, 2), "head_dim": 48})
+    with pytest.raises(ValueError, match="differs from the workspace"):
+        locks.DecodeWrapper(torch.empty(16, dtype=torch.uint8)).plan(**plan_kwargs(40, 20, 2), device="meta")
+
+
+def test_plan_vector_is_checked():
+    nb, mb = 40, 20
+    k, v, bt, sl, q, s = setup(nb, [300, 130], mb)
+    w = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 2))
+    pages, counts = w.select(q, s, bt, sl)
+    bad = w.plan_vector
+    bad[2] += 1  # the version tag
+    with pytest.raises(ValueError, match="plan"):
+        torch.ops.locks.select_pages(w.workspace, bad, q, list(s), bt, sl, pages, counts)
+    with pytest.raises(ValueError):
+        torch.ops.locks.select_pages(w.workspace, w.plan_vector[:10], q, list(s), bt, sl, pages, counts)
+    with pytest.raises(ValueError, match="workspace"):
+        torch.ops.locks.select_pages(w.workspace[:64], w.plan_vector, q, list(s), bt, sl, pages, counts)
+
+
+def test_supports_is_the_cpp_answer():
+    assert locks.supports("cpu", head_dim=64) == (True, "")
+    ok, why = locks.supports("cuda", head_dim=48, page_size=16, group=4, kv_dtype=torch.bfloat16)
+    assert not ok and "head_dim" in why
+    ok, why = locks.supports("cuda", head_dim=128, kv_dtype=torch.float32)
+    assert not ok and "float32" in why
+    ok, why = locks.supports(torch.device("cpu"), head_dim=64, page_size=16, rank=16)
+    assert not ok and "rank" in why
+    with pytest.raises(ValueError, match="backend"):
+        locks.supports("tpu", head_dim=64)
+    with pytest.raises(TypeError):
+        locks.supports("cpu", head_dim=64.0)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def test_memory_flat_over_1000_plan_run_cycles():
+    """1,000 cycles of plan + run over varying batch shapes and budgets. Shapes repeat, so any
+    per-shape cache (what ops_cuda.cpp's g_decoders was) would keep growing; with the
+    caller owning everything, Python allocations and RSS stay flat."""
+    nb, mb = 96, 24
+    k, v, bt, sl, q, s = setup(nb, [360, 200, 90, 17], mb)
+    shapes = [(b, budget) for b in (1, 2, 3, 4) for budget in (16, 48, 64, 160, 384)]
+
+    def cycle(i):
+        b, budget = shapes[i % len(shapes)]
+        w = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, b, budget))
+        w.run(q[:b], k, v, s, bt[:b], sl[:b])
+
+    for i in range(100):  # warm-up: allocator pools, dispatcher caches
+        cycle(i)
+    gc.collect()
+    tracemalloc.start()
+    base_py = tracemalloc.get_traced_memory()[0]
+    base_rss = _rss_kib()
+    for i in range(1000):
+        cycle(i)
+    gc.collect()
+    grown_py = tracemalloc.get_traced_memory()[0] - base_py
+    tracemalloc.stop()
+    grown_rss = _rss_kib() - base_rss
+    # One cycle's workspace is a few hundred KiB; a leak of one per cycle would be >= 100 MiB.
+    assert grown_py < 256 * 1024, f"Python allocations grew {grown_py} bytes over 1,000 cycles"
+    assert grown_rss < 16 * 1024, f"RSS grew {grown_rss} KiB over 1,000 cycles"
+
+
+def test_hf_layer_grow_keeps_one_wrapper_per_shape():
+    """LocksLayer._grow re-plans; the cache keeps only wrappers a layer still uses."""
+    hf = pytest.importorskip("locks.hf")
+    cfg = hf.LocksConfig(budget=64, reserve_tokens=1, precision="fp32")
+    plans = hf._Plans()
+    layers = [hf.LocksLayer(cfg, plans) for _ in range(3)]
+    B, Hq, S = 2, 3 * H, 40
+    for layer in layers:
+        key = torch.randn(B, H, S, D)
+        layer.lazy_initialization(key, key)
+        layer.pending = (key, torch.randn(B, H, S, D))
+        layer.commit_prefill([0, 5], Hq)
+    for step in range(60):  # grows several times (reserve 1 token)
+        for layer in layers:
+            layer._append(torch.randn(B, H, D), torch.randn(B, H, D))
+            layer.decode(torch.randn(B, Hq, 1, D), D ** -0.5)
+        assert len(plans.wrappers) == 1, f"step {step}: {len(plans.wrappers)} wrappers alive"
