@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-gemma3 = pytest.importorskip("locks.gemma3")
+from locks import gemma3
 
 
 @pytest.fixture(scope="module")
