@@ -38,3 +38,24 @@ def test_predicts_real_text_and_generates(model_tok):
     again = model.generate(ids[:, :32], max_new_tokens=8, do_sample=False)
     assert torch.equal(out, again)  # greedy decoding is deterministic
     assert tok.decode(out[0, 32:]).strip()
+
+
+def test_chunked_capture_equals_one_shot(model_tok, tmp_path):
+    """The hybrid capture's chunked prefill (chunks of 128 < the 512-token sliding window, so
+    the sliding layers' cache trimming is exercised) records what a one-shot prefill records.
+    Measured: max relative difference 2.6e-6 (float32)."""
+    import numpy as np
+
+    from locks_lab import capture_hybrid
+
+    model, tok = model_tok
+    kw = dict(model_name="gemma3-test", progress=lambda s: None)
+    meta = capture_hybrid.capture(model, tok, "gpl3", 700, 2, str(tmp_path / "a"), chunk=128, **kw)
+    capture_hybrid.capture(model, tok, "gpl3", 700, 2, str(tmp_path / "b"), chunk=700, **kw)
+    assert meta["layers"] == [5, 11, 17] and meta["tokens"] == 700 and meta["source"]["bos_first"]
+    for L in meta["layers"]:
+        for what in ("k", "v", "q", "qobs"):
+            a = np.load(tmp_path / "a" / f"layer{L}_{what}.npy")
+            b = np.load(tmp_path / "b" / f"layer{L}_{what}.npy")
+            assert a.shape == b.shape
+            assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max(), (L, what)
