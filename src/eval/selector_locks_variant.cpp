@@ -24,6 +24,10 @@
 //            (stored int8, one scale per page); logit_i += scale^2 |q_perp|^2 e_i / (2 (d-r))
 //            = E[exp(scale q.e)] for a residual isotropic in the basis' complement
 //   max      GQA rule max-share instead of share-averaging
+//   tauNN    adaptive budget: of the pages the budget selects, keep the fewest whose estimated
+//            share of the group's mass (exp of the share-averaged group score) covers NN% of
+//            the estimated total over all full pages; the budget is the ceiling
+//   flN      floor of the adaptive budget: at least N full pages (default 1)
 //   fp16s    count scales as fp16 (2 bytes) instead of fp32 in the metadata bytes
 #include <Eigen/Dense>
 #include <algorithm>
@@ -50,6 +54,8 @@ struct VariantSpec {
   bool query_weighted = false, fold_weights = false;
   int obs_used = 0;
   bool residual = false, max_rule = false, fp16_scales = false;
+  double tau = 0;  // 0: fixed budget
+  int floor_pages = 1;
 };
 
 int parse_int(const std::string& s, const std::string& name) {
@@ -85,6 +91,8 @@ VariantSpec parse(const std::string& name, const SelectorParams& p) {
     else if (t == "res") v.residual = true;
     else if (t == "max") v.max_rule = true;
     else if (t == "fp16s") v.fp16_scales = true;
+    else if (t.rfind("tau", 0) == 0) v.tau = parse_int(t.substr(3), name) / 100.0;
+    else if (t.rfind("fl", 0) == 0) v.floor_pages = parse_int(t.substr(2), name);
     else LOCKS_REQUIRE(false, "method ", name, ": unknown token '", t, "' (see selector_locks_variant.cpp)");
   }
   return v;
@@ -265,6 +273,31 @@ class LocksVariant final : public PageSelector {
         return log_sum_exp(logits, P);
       };
     });
+  }
+
+  void adjust_selection(const LayerContext& ctx, const SelectConfig& cfg, const float* group_scores,
+                        const Selection& sel) override {
+    if (v_.tau <= 0 || cfg.budget_tokens >= ctx.tokens) return;
+    const int n = ctx.num_pages;
+    for (int64_t row = 0; row < int64_t(ctx.steps) * ctx.kv_heads; ++row) {
+      const float* s = group_scores + row * n;
+      double total = 0;
+      for (int j = 0; j < ctx.num_full_pages; ++j) total += std::exp(double(s[j]));
+      int32_t* pages = sel.pages + row * sel.capacity;
+      std::vector<int32_t> full, keep;
+      for (int i = 0; i < sel.counts[row]; ++i)
+        (pages[i] < ctx.num_full_pages ? full : keep).push_back(pages[i]);  // tail always kept
+      std::stable_sort(full.begin(), full.end(), [s](int32_t a, int32_t b) { return s[a] > s[b]; });
+      double covered = 0;
+      for (size_t i = 0; i < full.size(); ++i) {
+        if (int(i) >= v_.floor_pages && covered >= v_.tau * total) break;
+        covered += std::exp(double(s[full[i]]));
+        keep.push_back(full[i]);
+      }
+      std::sort(keep.begin(), keep.end());
+      for (int i = 0; i < sel.capacity; ++i) pages[i] = i < int(keep.size()) ? keep[i] : -1;
+      sel.counts[row] = int32_t(keep.size());
+    }
   }
 
   double metadata_bytes_per_page(const LayerContext& ctx) const override {

@@ -9,6 +9,7 @@
 
 #include "eval_test_util.h"
 #include "locks/error.h"
+#include "locks/eval/harness.h"
 #include "locks/eval/selector.h"
 #include "locks/reference.h"
 
@@ -106,6 +107,41 @@ TEST(LocksVariant, MetadataBytesFollowTheLayouts) {
   EXPECT_DOUBLE_EQ(bytes("lx-b4g32-fp16s"), 258.0 + 1024 + 8 * 8 * 2 + 128 + 16);
   EXPECT_DOUBLE_EQ(bytes("lx-r10"), 260.0 + 10 * 128 + 40 + 160 + 40);
   EXPECT_DOUBLE_EQ(bytes("lx-b32-c32-m32"), 4.0 * (256 + 8 * 256 + 16 * 8));
+}
+
+TEST(LocksVariant, AdaptiveBudgetKeepsTheFewestPagesCoveringTau) {
+  auto l = noise_layer(16 * 64 + 5, kKv, kQ, kD, kSteps);
+  const auto& ctx = l.ctx();
+  SelectConfig cfg;
+  cfg.budget_tokens = 16 * 32;  // ceiling: 32 slots of 65 pages
+  auto fixed_sel = make_selector("lx", {});
+  fixed_sel->prepare(ctx);
+  MethodRun fixed = run_selector(*fixed_sel, ctx, cfg);
+  for (const char* name : {"lx-tau50-fl2", "lx-tau90-fl2"}) {
+    const double tau = name[6] == '5' ? 0.5 : 0.9;
+    auto sel = make_selector(name, {});
+    sel->prepare(ctx);
+    MethodRun run = run_selector(*sel, ctx, cfg);
+    for (int64_t row = 0; row < int64_t(ctx.steps) * ctx.kv_heads; ++row) {
+      const int32_t* p = run.sel.pages + row * run.sel.capacity;
+      const int c = run.sel.counts[row];
+      ASSERT_LE(c, fixed.sel.counts[row]);
+      EXPECT_TRUE(std::is_sorted(p, p + c));
+      EXPECT_EQ(p[c - 1], ctx.num_pages - 1) << "the tail page is always attended";
+      const float* s = run.group_scores.data() + row * ctx.num_pages;
+      double total = 0, kept = 0, smallest = 1e300;
+      for (int j = 0; j < ctx.num_full_pages; ++j) total += std::exp(double(s[j]));
+      for (int i = 0; i < c - 1; ++i) {
+        kept += std::exp(double(s[p[i]]));
+        smallest = std::min(smallest, std::exp(double(s[p[i]])));
+      }
+      EXPECT_GE(c - 1, 2) << "floor";
+      if (c < fixed.sel.counts[row] && c - 1 > 2) {
+        EXPECT_GE(kept, tau * total * (1 - 1e-9));           // covers tau ...
+        EXPECT_LT(kept - smallest, tau * total * (1 + 1e-9));  // ... and one page fewer does not
+      }
+    }
+  }
 }
 
 TEST(LocksVariant, BadNamesAndMissingInputsAreReported) {
