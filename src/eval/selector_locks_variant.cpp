@@ -59,8 +59,8 @@ struct VariantSpec {
 };
 
 int parse_int(const std::string& s, const std::string& name) {
-  LOCKS_REQUIRE(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos,
-                "method ", name, ": bad number in token '", s, "'");
+  LOCKS_REQUIRE(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, "method ",
+                name, ": bad number in token '", s, "'");
   return std::stoi(s);
 }
 
@@ -72,28 +72,51 @@ VariantSpec parse(const std::string& name, const SelectorParams& p) {
   std::string t;
   while (std::getline(ss, t, '-')) {
     if (t.empty()) continue;
-    if (t[0] == 'r' && t.size() > 1 && t != "res") v.rank = parse_int(t.substr(1), name);
-    else if (t == "b32") v.basis_bits = 32;
-    else if (t == "b8") v.basis_bits = 8;
-    else if (t == "b4") v.basis_bits = 4;
-    else if (t.rfind("b4g", 0) == 0) v.basis_group = parse_int(t.substr(3), name);
-    else if (t == "c32") v.coeff_bits = 32;
-    else if (t == "c8") v.coeff_bits = 8;
-    else if (t == "c8k") v.coeff_per_key = true;
-    else if (t == "c4") v.coeff_bits = 4;
-    else if (t == "m32") v.mu_bits = 32;
-    else if (t == "m8") v.mu_bits = 8;
-    else if (t.rfind("m8g", 0) == 0) v.mu_group = parse_int(t.substr(3), name);
-    else if (t == "m8ch") v.mu_per_channel = true;
-    else if (t == "wq") v.query_weighted = true;
-    else if (t == "wqf") v.query_weighted = v.fold_weights = true;
-    else if (t.rfind("wqo", 0) == 0) v.obs_used = parse_int(t.substr(3), name);
-    else if (t == "res") v.residual = true;
-    else if (t == "max") v.max_rule = true;
-    else if (t == "fp16s") v.fp16_scales = true;
-    else if (t.rfind("tau", 0) == 0) v.tau = parse_int(t.substr(3), name) / 100.0;
-    else if (t.rfind("fl", 0) == 0) v.floor_pages = parse_int(t.substr(2), name);
-    else LOCKS_REQUIRE(false, "method ", name, ": unknown token '", t, "' (see selector_locks_variant.cpp)");
+    if (t[0] == 'r' && t.size() > 1 && t != "res")
+      v.rank = parse_int(t.substr(1), name);
+    else if (t == "b32")
+      v.basis_bits = 32;
+    else if (t == "b8")
+      v.basis_bits = 8;
+    else if (t == "b4")
+      v.basis_bits = 4;
+    else if (t.rfind("b4g", 0) == 0)
+      v.basis_group = parse_int(t.substr(3), name);
+    else if (t == "c32")
+      v.coeff_bits = 32;
+    else if (t == "c8")
+      v.coeff_bits = 8;
+    else if (t == "c8k")
+      v.coeff_per_key = true;
+    else if (t == "c4")
+      v.coeff_bits = 4;
+    else if (t == "m32")
+      v.mu_bits = 32;
+    else if (t == "m8")
+      v.mu_bits = 8;
+    else if (t.rfind("m8g", 0) == 0)
+      v.mu_group = parse_int(t.substr(3), name);
+    else if (t == "m8ch")
+      v.mu_per_channel = true;
+    else if (t == "wq")
+      v.query_weighted = true;
+    else if (t == "wqf")
+      v.query_weighted = v.fold_weights = true;
+    else if (t.rfind("wqo", 0) == 0)
+      v.obs_used = parse_int(t.substr(3), name);
+    else if (t == "res")
+      v.residual = true;
+    else if (t == "max")
+      v.max_rule = true;
+    else if (t == "fp16s")
+      v.fp16_scales = true;
+    else if (t.rfind("tau", 0) == 0)
+      v.tau = parse_int(t.substr(3), name) / 100.0;
+    else if (t.rfind("fl", 0) == 0)
+      v.floor_pages = parse_int(t.substr(2), name);
+    else
+      LOCKS_REQUIRE(false, "method ", name, ": unknown token '", t,
+                    "' (see selector_locks_variant.cpp)");
   }
   return v;
 }
@@ -114,10 +137,13 @@ void fake_quant(double* x, int n, int stride, int bits) {
 
 class LocksVariant final : public PageSelector {
  public:
-  LocksVariant(std::string name, const SelectorParams& p) : name_(std::move(name)), v_(parse(name_, p)) {}
+  LocksVariant(std::string name, const SelectorParams& p)
+      : name_(std::move(name)), v_(parse(name_, p)) {}
   std::string name() const override { return name_; }
   std::string description() const override { return "LOCKS variant " + name_; }
-  GqaRule gqa_rule() const override { return v_.max_rule ? GqaRule::max_share : GqaRule::share_average; }
+  GqaRule gqa_rule() const override {
+    return v_.max_rule ? GqaRule::max_share : GqaRule::share_average;
+  }
   bool available(const LayerContext& ctx, std::string* why) const override {
     if (v_.rank < 1 || v_.rank >= ctx.page_size || v_.rank > ctx.head_dim) {
       *why = "rank " + std::to_string(v_.rank) + " outside [1, page_size)";
@@ -156,7 +182,8 @@ class LocksVariant final : public PageSelector {
         for (int c = 0; c < d; ++c) mean += acc[c] / n;
         mean /= d;
         // Floor at 1% of the mean power: channels no observed query used still count a little.
-        for (int c = 0; c < d; ++c) weight_[size_t(g) * d + c] = std::sqrt(std::max(acc[c] / n, 1e-2 * mean));
+        for (int c = 0; c < d; ++c)
+          weight_[size_t(g) * d + c] = std::sqrt(std::max(acc[c] / n, 1e-2 * mean));
       }
     }
     mu_.assign(size_t(np) * H * d, 0.0);
@@ -305,17 +332,26 @@ class LocksVariant final : public PageSelector {
     const double sc = v_.fp16_scales ? 2.0 : 4.0;
     double b = 0;
     // centroid
-    if (v_.mu_per_channel) b += d;  // shared per-channel scales amortised over the pages
-    else if (v_.mu_bits >= 32) b += 4.0 * d;
-    else b += d + sc * (v_.mu_group > 0 ? d / v_.mu_group : 1);
+    if (v_.mu_per_channel)
+      b += d;  // shared per-channel scales amortised over the pages
+    else if (v_.mu_bits >= 32)
+      b += 4.0 * d;
+    else
+      b += d + sc * (v_.mu_group > 0 ? d / v_.mu_group : 1);
     // basis
-    if (v_.basis_bits >= 32) b += 4.0 * r * d;
-    else if (v_.basis_bits == 8) b += double(r) * d + sc * r;
-    else b += r * d / 2.0 + sc * r * (v_.basis_group > 0 ? d / v_.basis_group : 1);
+    if (v_.basis_bits >= 32)
+      b += 4.0 * r * d;
+    else if (v_.basis_bits == 8)
+      b += double(r) * d + sc * r;
+    else
+      b += r * d / 2.0 + sc * r * (v_.basis_group > 0 ? d / v_.basis_group : 1);
     // coefficients
-    if (v_.coeff_per_key) b += double(P) * r + sc * P;
-    else if (v_.coeff_bits >= 32) b += 4.0 * P * r;
-    else b += (v_.coeff_bits == 8 ? double(P) * r : P * r / 2.0) + sc * r;
+    if (v_.coeff_per_key)
+      b += double(P) * r + sc * P;
+    else if (v_.coeff_bits >= 32)
+      b += 4.0 * P * r;
+    else
+      b += (v_.coeff_bits == 8 ? double(P) * r : P * r / 2.0) + sc * r;
     if (v_.residual) b += P + sc;
     return b;
   }

@@ -38,7 +38,8 @@ double max_rel_diff(const LayerContext& ctx, const std::vector<float>& a,
       EXPECT_TRUE(std::isinf(a[i]) && a[i] < 0 && std::isinf(b[i]) && b[i] < 0);
       continue;
     }
-    worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / std::max(1.0, std::fabs(double(b[i]))));
+    worst =
+        std::max(worst, std::fabs(double(a[i]) - b[i]) / std::max(1.0, std::fabs(double(b[i]))));
   }
   return worst;
 }
@@ -66,13 +67,14 @@ TEST(LocksVariant, AllFp32SpellingIsLocksFp32) {
 TEST(LocksVariant, FullRankIsExactMassInEitherMetric) {
   auto l = noise_layer(kTokens, kKv, kQ, kD, kSteps);
   const auto& ctx = l.ctx();
-  for (const char* name : {"lx-r15-b32-c32-m32", "lx-r15-b32-c32-m32-wq", "lx-r15-b32-c32-m32-wqf"}) {
+  for (const char* name :
+       {"lx-r15-b32-c32-m32", "lx-r15-b32-c32-m32-wq", "lx-r15-b32-c32-m32-wqf"}) {
     auto got = scores_of(*make_selector(name, {}), ctx);
     for (int s = 0; s < ctx.steps; ++s)
       for (int h = 0; h < ctx.q_heads; ++h)
         for (int j = 0; j < ctx.num_full_pages; ++j) {
-          const double w = ref::exact_log_mass(ctx.cache, j, h / ctx.group(), 16, ctx.query(s, h),
-                                               ctx.scale);
+          const double w =
+              ref::exact_log_mass(ctx.cache, j, h / ctx.group(), 16, ctx.query(s, h), ctx.scale);
           ASSERT_NEAR(got[(size_t(s) * ctx.q_heads + h) * ctx.num_pages + j], w,
                       1e-4 * std::max(1.0, std::fabs(w)))
               << name << " step " << s << " head " << h << " page " << j;
@@ -137,7 +139,7 @@ TEST(LocksVariant, AdaptiveBudgetKeepsTheFewestPagesCoveringTau) {
       }
       EXPECT_GE(c - 1, 2) << "floor";
       if (c < fixed.sel.counts[row] && c - 1 > 2) {
-        EXPECT_GE(kept, tau * total * (1 - 1e-9));           // covers tau ...
+        EXPECT_GE(kept, tau * total * (1 - 1e-9));             // covers tau ...
         EXPECT_LT(kept - smallest, tau * total * (1 + 1e-9));  // ... and one page fewer does not
       }
     }
