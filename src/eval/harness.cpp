@@ -32,6 +32,7 @@ MethodRun run_selector(PageSelector& selector, const LayerContext& ctx, const Se
   r.counts.assign(size_t(ctx.steps) * ctx.kv_heads, 0);
   r.sel = {r.pages.data(), r.counts.data(), cap};
   cpu::select_pages(r.group_scores.data(), ctx.batch, ctx.kv_heads, ctx.page_size, r.cfg, r.sel);
+  selector.adjust_selection(ctx, r.cfg, r.group_scores.data(), r.sel);
 
   r.out.assign(size_t(ctx.steps) * ctx.q_heads * ctx.head_dim, 0.0f);
   cpu::decode_attention_sparse(ctx.cache, ctx.batch, ctx.q, ctx.scale, r.sel,

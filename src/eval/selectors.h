@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "locks/eval/selector.h"
 
@@ -14,5 +15,7 @@ std::unique_ptr<PageSelector> make_shared_proj(const SelectorParams& p);
 std::unique_ptr<PageSelector> make_shadowkv(const SelectorParams& p);
 std::unique_ptr<PageSelector> make_rocket(const SelectorParams& p, bool snapkv);
 std::unique_ptr<PageSelector> make_locks(const SelectorParams& p, bool quantized);
+// "lx-..." names: LOCKS summary variants (selector_locks_variant.cpp).
+std::unique_ptr<PageSelector> make_locks_variant(const std::string& name, const SelectorParams& p);
 
 }  // namespace locks::eval

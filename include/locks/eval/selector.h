@@ -43,6 +43,10 @@ class PageSelector {
   // group_scores: [steps, kv_heads, num_pages] after aggregation; default leaves them.
   virtual void adjust_group_scores(const LayerContext& ctx, const SelectConfig& cfg,
                                    float* group_scores);
+  // Optional, after selection: may drop selected pages (an adaptive budget attends fewer
+  // than the budget allows); pages stay ascending, counts shrink. Default keeps them.
+  virtual void adjust_selection(const LayerContext&, const SelectConfig&, const float*,
+                                const Selection&) {}
 
   // Metadata stored per full page per KV head at its stored precision, amortised shared
   // parts included (bytes). Share of bf16 K+V = this / (2 * P * d * 2).
