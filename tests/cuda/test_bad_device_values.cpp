@@ -33,7 +33,7 @@ struct Fixture {
   DevBuf<float> dq;
   int M = 0;
 
-  explicit Fixture(Precision prec = Precision::int4) {
+  explicit Fixture(Precision prec = Precision::quant) {
     gc.add_structured({300, 200, 400}, 11);  // 19 + 13 + 25 pages of 64 blocks
     M = gc.batch.view.max_blocks_per_seq;
     DecodeParams p;
@@ -234,9 +234,9 @@ void scoring_case(Precision prec) {
       }
 }
 
-TEST(BadDeviceValues, ScoringInt4) {
+TEST(BadDeviceValues, ScoringQuant) {
   SKIP_WITHOUT_GPU();
-  scoring_case(Precision::int4);
+  scoring_case(Precision::quant);
 }
 
 TEST(BadDeviceValues, ScoringFp32) {
@@ -321,7 +321,7 @@ void poison_all(GpuSummaries& s) {
 
 TEST(BadDeviceValues, SummaryBuilds) {
   SKIP_WITHOUT_GPU();
-  for (Precision prec : {Precision::int4, Precision::fp32}) {
+  for (Precision prec : {Precision::quant, Precision::fp32}) {
     Fixture f(prec);
     const SummaryLayout SL = f.plan.params.summary;
     GpuSummaries a(SL), b(SL);
