@@ -186,18 +186,40 @@ def new_summaries(num_blocks: int, num_kv_heads: int, head_dim: int, page_size: 
                           z(n, h, page_size, rank, dt=torch.int8), z(n, h, rank))
 
 
-def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summaries) -> None:
+def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summaries, *,
+                  validate: bool = False) -> None:
     """Build the summaries of the given (full) physical blocks, every KV head, in place.
-    Non-finite keys are refused (ValueError on CPU; docs/python.md, NaN policy)."""
+    Non-finite keys are refused (ValueError on CPU; docs/python.md, NaN policy).
+    validate: ValueError for a block id outside [0, num_blocks) (one host sync; without it
+    the CUDA build skips such ids, docs/bad_input.md)."""
+    if validate and isinstance(block_ids, torch.Tensor) and isinstance(k_cache, torch.Tensor):
+        from .wrapper import _capturing, _first_bad
+
+        if not _capturing(block_ids):
+            nb = k_cache.shape[0]
+            ids = block_ids.to(torch.int64)
+            bad = (ids < 0) | (ids >= nb)
+            if bool(bad.any()):
+                raise _first_bad("block_ids", bad, block_ids, f"is outside [0, {nb})")
     _ops.summary_build(k_cache, block_ids, list(summaries))
 
 
 def summary_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                   summaries, slot_mapping: torch.Tensor | None = None) -> None:
+                   summaries, slot_mapping: torch.Tensor | None = None, *,
+                   validate: bool = False) -> None:
     """After this step's K writes: rebuild the summary of each page that just filled. With
     slot_mapping (int32 slots written this step, block * P + offset, -1 = padding): every
     block whose last slot was written; without: the page each sequence's last token
-    completed (seq_lens after the append). On the device, no host sync: graph-safe."""
+    completed (seq_lens after the append). On the device, no host sync: graph-safe.
+    validate: ValueError for a bad length, block id of a used page or slot (one host sync;
+    without it the CUDA build skips them, docs/bad_input.md)."""
+    if validate and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        from .wrapper import validate_device_values
+
+        validate_device_values(None if slot_mapping is not None else block_table,
+                               None if slot_mapping is not None else seq_lens,
+                               page_size=k_cache.shape[1], num_blocks=k_cache.shape[0],
+                               slot_mapping=slot_mapping)
     _ops.summary_update(k_cache, block_table, seq_lens, slot_mapping, list(summaries))
 
 

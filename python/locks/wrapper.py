@@ -86,9 +86,14 @@ class DecodeWrapper:
         return list(self._planned())
 
     # -- run side (no allocation when outputs are given, no host sync) ------------------------
-    def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None):
-        """pages [B, H, capacity] (ascending block-table positions, -1 padded), counts [B, H]."""
+    def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None,
+               validate=False):
+        """pages [B, H, capacity] (ascending block-table positions, -1 padded), counts [B, H].
+        validate: check the device-side values first (validate_device_values: one host sync)."""
         p = self._planned()
+        if validate:
+            validate_device_values(block_table, seq_lens, page_size=self.params["page_size"],
+                                   num_blocks=self.params["num_blocks"])
         B, H = q.shape[0], self.params["num_kv_heads"]
         if pages is None:
             pages = torch.empty(B, H, ops.plan_capacity(p), dtype=torch.int32, device=q.device)
@@ -99,9 +104,14 @@ class DecodeWrapper:
         return pages, counts
 
     def attend(self, q, k_cache, v_cache, block_table, seq_lens, *, pages=None, counts=None,
-               out=None, lse=None):
-        """Exact attention over the selection (pages, counts) or, with neither, every page."""
+               out=None, lse=None, validate=False):
+        """Exact attention over the selection (pages, counts) or, with neither, every page.
+        validate: check the device-side values first (validate_device_values: one host sync)."""
         p = self._planned()
+        if validate:
+            validate_device_values(block_table, seq_lens, page_size=self.params["page_size"],
+                                   num_blocks=self.params["num_blocks"], pages=pages, counts=counts,
+                                   capacity=ops.plan_capacity(p))
         if out is None:
             out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         if lse is None:
@@ -111,18 +121,24 @@ class DecodeWrapper:
         return out, lse
 
     def run(self, q, k_cache, v_cache, summaries, block_table, seq_lens, *, out=None, lse=None,
-            pages=None, counts=None, dense=False, check_finite=False):
+            pages=None, counts=None, dense=False, check_finite=False, validate=False):
         """One decode step: select pages from the summaries under the planned budget, then
         exact attention over them (dense=True: over every page, summaries unused). Returns
         (out [B, Hq, d] float32, lse [B, Hq]). check_finite: raise ValueError when q or the
-        caches hold NaN/Inf (a host sync and a pass over the caches: debugging, eager only)."""
+        caches hold NaN/Inf (a host sync and a pass over the caches: debugging, eager only).
+        validate: raise ValueError naming the tensor and the first bad index when a block id of
+        a used page, a length, a selected page or a count is out of range (one host sync per
+        step; skipped while a CUDA graph is being captured). Without it the CUDA kernels
+        never read out of bounds either, but write such rows as NaN (docs/bad_input.md)."""
         if check_finite:
             check_all_finite(q=q, k_cache=k_cache, v_cache=v_cache)
         if dense:
-            return self.attend(q, k_cache, v_cache, block_table, seq_lens, out=out, lse=lse)
-        pages, counts = self.select(q, summaries, block_table, seq_lens, pages=pages, counts=counts)
+            return self.attend(q, k_cache, v_cache, block_table, seq_lens, out=out, lse=lse,
+                               validate=validate)
+        pages, counts = self.select(q, summaries, block_table, seq_lens, pages=pages, counts=counts,
+                                    validate=validate)
         return self.attend(q, k_cache, v_cache, block_table, seq_lens, pages=pages, counts=counts,
-                           out=out, lse=lse)
+                           out=out, lse=lse, validate=validate)
 
 
 def check_all_finite(**tensors: torch.Tensor) -> None:
@@ -130,3 +146,59 @@ def check_all_finite(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"locks: {name} holds NaN or Inf (check_finite)")
+
+
+def _capturing(*tensors) -> bool:
+    return any(t is not None and t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing()
+
+
+def _first_bad(name: str, bad: torch.Tensor, values: torch.Tensor, what: str) -> ValueError:
+    idx = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())  # failure path only: a second sync
+    at = ", ".join(str(i) for i in idx)
+    return ValueError(f"locks (validate): {name}[{at}] = {int(values[idx])} {what}")
+
+
+def validate_device_values(block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+                           num_blocks: int, pages: torch.Tensor | None = None,
+                           counts: torch.Tensor | None = None, capacity: int | None = None,
+                           slot_mapping: torch.Tensor | None = None) -> None:
+    """Eager check of the values the kernels read on the device (validate=True): seq_lens in
+    [1, block_table.size(1) * page_size], the block ids of every used page (ceil(len / P)
+    per sequence) in [0, num_blocks), counts in [0, capacity], the first counts entries of
+    pages in [0, pages of that sequence), slot_mapping -1 or in [0, num_blocks * P). Torch
+    ops and one host sync; ValueError naming the tensor and the first bad index. A no-op
+    while the current CUDA stream is capturing a graph (a sync is illegal there)."""
+    if _capturing(block_table, seq_lens, pages, counts, slot_mapping):
+        return
+    checks = []  # (name, bad mask, values, what)
+    if block_table is not None and seq_lens is not None:
+        mb = block_table.shape[1]
+        lens = seq_lens.to(torch.int64)
+        checks.append(("seq_lens", (lens < 1) | (lens > mb * page_size), seq_lens,
+                       f"is outside [1, {mb * page_size}] (max_blocks_per_seq {mb} x page_size {page_size})"))
+        n_pages = (lens.clamp(0, mb * page_size) + page_size - 1) // page_size  # [B]
+        pos = torch.arange(mb, device=block_table.device)
+        used = pos[None, :] < n_pages[:, None]
+        bt = block_table.to(torch.int64)
+        checks.append(("block_table", used & ((bt < 0) | (bt >= num_blocks)), block_table,
+                       f"(a used page) is outside [0, {num_blocks})"))
+        if counts is not None:
+            cap = pages.shape[-1] if capacity is None and pages is not None else capacity
+            c = counts.to(torch.int64)
+            checks.append(("counts", (c < 0) | (c > cap), counts, f"is outside [0, {cap}]"))
+            if pages is not None:
+                k = torch.arange(pages.shape[-1], device=pages.device)
+                live = k[None, None, :] < c.clamp(0, cap)[:, :, None]
+                pg = pages.to(torch.int64)
+                checks.append(("pages", live & ((pg < 0) | (pg >= n_pages[:, None, None])), pages,
+                               "(a counted entry) is outside [0, pages of its sequence)"))
+    if slot_mapping is not None:
+        sm = slot_mapping.to(torch.int64)
+        checks.append(("slot_mapping", (sm < -1) | (sm >= num_blocks * page_size), slot_mapping,
+                       f"is neither -1 nor in [0, {num_blocks * page_size})"))
+    if not checks:
+        return
+    flags = torch.stack([c[1].any() for c in checks]).tolist()  # the one sync
+    for (name, bad, values, what), f in zip(checks, flags):
+        if f:
+            raise _first_bad(name, bad, values, what)

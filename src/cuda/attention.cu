@@ -50,8 +50,10 @@ struct AttnArgs {
   const void* k;
   const void* v;
   int H, Hq;
+  int64_t num_blocks;  // block ids outside [0, num_blocks) are never dereferenced
   const int32_t* block_table;
   int64_t bt_stride;
+  int cap_tokens;  // row capacity, max_blocks_per_seq * 16: longer (or < 1) lengths are invalid
   const int32_t* seq_lens;
   const int32_t* sel_pages;  // null: dense
   const int32_t* sel_counts;
@@ -87,7 +89,11 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   const int gc = min(a.gw, G - g0), hq0 = h * G + g0;  // this slice's query heads
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
-  const int len = a.seq_lens[b];
+  // Device-side values are not trusted (docs/bad_input.md): an invalid length counts as 0
+  // pages, an invalid count as 0 (the merge writes such rows as NaN); an invalid page index
+  // or block id is read as block 0 and poisons this split's sum.
+  const int raw_len = a.seq_lens[b];
+  const int len = raw_len >= 1 && raw_len <= a.cap_tokens ? raw_len : 0;
   const int n_pages = (len + 15) / 16;
   const int64_t row = int64_t(b) * a.H + h;
   const int start = split * a.pages_per_split;
@@ -104,7 +110,8 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   auto blk_at = [&](int j) { return j >= 0 && j < a.bt_stride ? bt[j] : 0; };
   const int j0 = page_at(lane);
   const int blk0 = blk_at(j0);
-  const int total = a.sel_pages ? a.sel_counts[row] : n_pages;
+  const int cnt = a.sel_pages ? a.sel_counts[row] : n_pages;
+  const int total = cnt >= 0 && cnt <= (a.sel_pages ? a.sel_cap : n_pages) && len > 0 ? cnt : 0;
   if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
   // This warp's pages: k = 0 .. nw-1 (warp-uniform count).
@@ -130,7 +137,14 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   auto last_mask = [&](int k0, int j) {
     return __ballot_sync(kFull, k0 + lane < nw && j == n_pages - 1);
   };
-  int cur_blk = blk0;
+  // Checked once per page, where its block id is loaded (once per 32 pages of a warp).
+  bool bad = false;
+  auto checked = [&](int k0, int j, int blk) {
+    const bool ok = j >= 0 && j < n_pages && blk >= 0 && blk < a.num_blocks;
+    bad |= !ok && k0 + lane < nw;
+    return ok ? blk : 0;
+  };
+  int cur_blk = checked(0, j0, blk0);
   unsigned cur_last = last_mask(0, j0);
   // Copies: instruction q covers rows q RPI .. + RPI-1, lane -> (row lr, chunk lc). Row
   // r = q RPI + lr has r & 7 = (q RPI & 7) | lr, so its chunk lc lands at
@@ -151,7 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   auto blk_of = [&](int k, int& nv) {
     if ((k & 31) == 0 && k > 0) {
       const int j = page_at(k + lane);
-      cur_blk = blk_at(j);
+      cur_blk = checked(k, j, blk_at(j));
       cur_last = last_mask(k, j);
     }
     nv = (cur_last >> (k & 31)) & 1u ? last_nv : 16;
@@ -280,7 +294,8 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     cp_async_commit();
   }
   cp_async_wait<0>();
-  __syncthreads();  // the stages become the warps' output buffers
+  // The stages become the warps' output buffers.
+  const bool any_bad = __syncthreads_or(bad);
   static_assert(sizeof(float) * kWarps * 16 * (D + 1) <= attn_smem(D), "output staging fits");
   float(*so)[16][D + 1] = reinterpret_cast<float(*)[16][D + 1]>(abuf);
 
@@ -319,7 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     }
     const int64_t prow = (int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split;
     a.part_ml[prow * 2] = mx;
-    a.part_ml[prow * 2 + 1] = l;
+    a.part_ml[prow * 2 + 1] = any_bad ? __int_as_float(0x7fc00000) : l;  // NaN reaches the row
   }
   __syncthreads();
   for (int e = threadIdx.x; e < gc * D; e += blockDim.x) {
@@ -339,16 +354,21 @@ constexpr int kMergeWarps = 16;
 template <int D>
 __global__ void __launch_bounds__(kMergeWarps * 32)
     merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_splits,
-                 int pages_per_split, int H, const int32_t* __restrict__ seq_lens,
-                 const int32_t* __restrict__ sel_counts, float* __restrict__ out,
-                 float* __restrict__ lse) {
+                 int pages_per_split, int H, int cap_tokens, int sel_cap,
+                 const int32_t* __restrict__ seq_lens, const int32_t* __restrict__ sel_counts,
+                 float* __restrict__ out, float* __restrict__ lse) {
   constexpr int E = D / 32;  // dims per lane
   __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
   const int G = Hq / H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Same validity rule as attn_kernel: a row with an invalid length or count reads no split
+  // and is written as NaN (docs/bad_input.md).
   const int len = seq_lens[b];
-  const int total = sel_counts ? sel_counts[int64_t(b) * H + hq / G] : (len + 15) / 16;
+  const int cnt = sel_counts ? sel_counts[int64_t(b) * H + hq / G] : (len + 15) / 16;
+  const bool row_ok =
+      len >= 1 && len <= cap_tokens && cnt >= 0 && cnt <= (sel_counts ? sel_cap : cap_tokens);
+  const int total = row_ok ? cnt : 0;
   const int used = (total + pages_per_split - 1) / pages_per_split;
   const int64_t prow = (int64_t(b) * Hq + hq) * n_splits;
   float m = kNegInf, l = 0.f, acc[E];
@@ -399,9 +419,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < kMergeWarps; ++w) a += sacc[w][dim] * fw[w];
-    out[(int64_t(b) * Hq + hq) * D + dim] = a / lt;
+    out[(int64_t(b) * Hq + hq) * D + dim] = row_ok ? a / lt : __int_as_float(0x7fc00000);
   }
-  if (threadIdx.x == 0 && lse) lse[int64_t(b) * Hq + hq] = (mx + log2f(lt)) * kLn2;
+  if (threadIdx.x == 0 && lse)
+    lse[int64_t(b) * Hq + hq] = row_ok ? (mx + log2f(lt)) * kLn2 : __int_as_float(0x7fc00000);
 }
 
 // MT = m-tiles of 8 heads (x hi / lo) per block: 1 for slices of <= 8 heads, else 2.
@@ -459,8 +480,10 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
              cache.v,
              L.num_kv_heads,
              Hq,
+             L.num_blocks,
              batch.block_table,
              batch.block_table_stride,
+             batch.max_blocks_per_seq * 16,
              batch.seq_lens,
              sel ? sel->pages : nullptr,
              sel ? sel->counts : nullptr,
@@ -499,7 +522,8 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
   const int32_t* counts = sel ? sel->counts : nullptr;
   auto merge = [&](auto kernel) {
     launch_kernel(kernel, mgrid, dim3(kMergeWarps * 32), 0, st, part_o, part_ml, n_splits, pps,
-                  L.num_kv_heads, batch.seq_lens, counts, out, lse);
+                  L.num_kv_heads, batch.max_blocks_per_seq * 16, sel ? sel->capacity : 0,
+                  batch.seq_lens, counts, out, lse);
   };
   if (L.head_dim == 256)
     merge(merge_kernel<256>);

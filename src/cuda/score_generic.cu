@@ -37,14 +37,21 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     qs[g * ld + c] = q[(int64_t(b) * Hq + h * G + g) * d + c] * (scale * kLog2e);
   }
   __syncthreads();
-  const int n_full = seq_lens[b] / P;
+  // Untrusted device values (docs/bad_input.md): an invalid length scores no page.
+  const int len = seq_lens[b];
+  const int n_full = len >= 1 && len <= M * P ? len / P : 0;
   for (int jj = warp; jj < kScoreChunk; jj += kGenWarps) {
     const int j = chunk * kScoreChunk + jj;
     if (j >= n_full || j >= M) {  // warp-uniform
       for (int g = lane; g < G; g += 32) sc[g * kScoreChunk + jj] = kNegInf;
       continue;
     }
-    const int64_t bh = int64_t(block_table[int64_t(b) * bt_stride + j]) * H + h;
+    const int32_t blk = block_table[int64_t(b) * bt_stride + j];
+    if (blk < 0 || blk >= S.num_blocks) {  // warp-uniform: an invalid block id scores -inf
+      for (int g = lane; g < G; g += 32) sc[g * kScoreChunk + jj] = kNegInf;
+      continue;
+    }
+    const int64_t bh = int64_t(blk) * H + h;
     // Stage the (dequantized) summary.
     for (int e = lane; e < r * d; e += 32) {
       const int k = e / d, c = e % d;

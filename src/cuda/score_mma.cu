@@ -147,12 +147,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
   const int hq0 = h * G + g0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
-  const int n_full = seq_lens[b] / 16;
+  // Untrusted device values (docs/bad_input.md): an invalid length scores no page; an invalid
+  // block id is not loaded (zero-filled) and its page scores -inf.
+  const int len = seq_lens[b];
+  const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   const int jw = chunk * CP + warp * ppw;  // first page of the warp
   const int32_t* bt = block_table + int64_t(b) * bt_stride;
   Stage<D>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
-  const int32_t blk_all = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
+  const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
+  const bool blk_ok = blk_raw >= 0 && blk_raw < S.num_blocks;
+  const unsigned bad_pages = __ballot_sync(kFull, !blk_ok && lane < ppw && jw + lane < n_full);
+  const int32_t blk_all = blk_ok ? blk_raw : -1;
   const int n_stages = jw < n_full ? min(n_st, (n_full - jw + kSP - 1) / kSP) : 0;
   StageLoader<D> ld;
   ld.init(S, my, lane);
@@ -408,8 +414,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
           const bool second = tig == 1;
           const int jj = t * PM + (second ? plB : plA), g = second ? gB : gA;
           const float l = second ? lB : lA, sh = second ? sB : sA;
-          scw[g * kScoreChunk + jj] =
-              j0 + jj < n_full ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2 : kNegInf;
+          scw[g * kScoreChunk + jj] = j0 + jj < n_full && !((bad_pages >> (kSP * s + jj)) & 1u)
+                                          ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2
+                                          : kNegInf;
         }
       }
     }

@@ -27,7 +27,10 @@ struct Rules {  // the budget rules for one sequence
   bool all;
 };
 
-__device__ Rules rules_for(int len, int P, const SelectConfig& cfg) {
+// An untrusted length outside [1, M P] (the block-table row) counts as 0: no page, count 0
+// (the attention then writes the row as NaN; docs/bad_input.md).
+__device__ Rules rules_for(int raw_len, int P, int M, const SelectConfig& cfg) {
+  const int len = raw_len >= 1 && raw_len <= M * P ? raw_len : 0;
   Rules r;
   r.full = rules::full_pages(len, P);
   r.n_pages = rules::num_pages(len, P);
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ SelectSmem sm;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y;
   const int64_t row = (int64_t(b) * Hkv + h);
-  const Rules r = rules_for(seq_lens[b], P, cfg);
+  const Rules r = rules_for(seq_lens[b], P, M, cfg);
   const int lo = max(r.sink_end, c * chunk_pages);
   const int hi = min(r.recent_start, (c + 1) * chunk_pages);
   const int n = hi - lo;
@@ -186,14 +189,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    select_stage2(const int32_t* __restrict__ seq_lens, int P, SelectConfig cfg, int cap,
+    select_stage2(const int32_t* __restrict__ seq_lens, int M, int P, SelectConfig cfg, int cap,
                   int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
                   const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
                   int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
   __shared__ SelectSmem sm;
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
-  const Rules r = rules_for(seq_lens[b], P, cfg);
+  const Rules r = rules_for(seq_lens[b], P, M, cfg);
   int32_t* out = pages + row * cap;
   if (r.all) {
     for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
@@ -236,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t skeys[kSelectChunk];
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
-  const Rules r = rules_for(seq_lens[b], P, cfg);
+  const Rules r = rules_for(seq_lens[b], P, M, cfg);
   int32_t* out = pages + row * cap;
   if (r.all) {
     for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
@@ -283,7 +286,7 @@ void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                 dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity,
                 n_chunks, chunk_pages, cand_key, cand_idx, cand_cnt);
   launch_kernel(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0,
-                st, batch.seq_lens, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx,
+                st, batch.seq_lens, M, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx,
                 cand_cnt, out.pages, out.counts);
 }
 

@@ -343,8 +343,9 @@ void launch_filled(const KvCacheView& cache, const SummaryView& out, const Work&
   LOCKS_CUDA_LAUNCHED();
 }
 
-Work list_work(const int32_t* block_ids, int64_t n_blocks) {
+Work list_work(const CacheLayout& cl, const int32_t* block_ids, int64_t n_blocks) {
   Work w{block_ids, n_blocks, nullptr, 0, nullptr, 0, false};
+  w.num_blocks = cl.num_blocks;
   return w;
 }
 
@@ -363,7 +364,7 @@ void check_summary_views(const KvCacheView& cache, const SummaryView& out, const
 
 void launch_summary_gram(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
                          const SummaryView& out, float* gram, cudaStream_t st) {
-  launch<Stage::gram_only>(cache, out.layout, list_work(block_ids, n_blocks),
+  launch<Stage::gram_only>(cache, out.layout, list_work(cache.layout, block_ids, n_blocks),
                            n_blocks * cache.layout.num_kv_heads, make_out(out), gram, nullptr,
                            nullptr, st);
 }
@@ -371,7 +372,7 @@ void launch_summary_gram(const KvCacheView& cache, const int32_t* block_ids, int
 void launch_summary_from_eig(const KvCacheView& cache, const int32_t* block_ids, int64_t n_blocks,
                              const SummaryView& out, const float* evec, const float* eval,
                              cudaStream_t st) {
-  launch<Stage::from_eig>(cache, out.layout, list_work(block_ids, n_blocks),
+  launch<Stage::from_eig>(cache, out.layout, list_work(cache.layout, block_ids, n_blocks),
                           n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, evec, eval,
                           st);
 }
@@ -384,7 +385,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
   LOCKS_REQUIRE(n_blocks >= 0, "n_blocks must be >= 0, got ", n_blocks);
   if (n_blocks == 0) return;
   LOCKS_REQUIRE(block_ids != nullptr, "block_ids is null");
-  launch<Stage::jacobi>(cache, out.layout, list_work(block_ids, n_blocks),
+  launch<Stage::jacobi>(cache, out.layout, list_work(cache.layout, block_ids, n_blocks),
                         n_blocks * cache.layout.num_kv_heads, make_out(out), nullptr, nullptr,
                         nullptr, stream);
 }
@@ -403,6 +404,8 @@ void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int 
          batch.seq_lens,
          appended,
          true};
+  w.num_blocks = cache.layout.num_blocks;
+  w.max_blocks = batch.max_blocks_per_seq;
   launch_filled(cache, out, w, stream);
 }
 

@@ -24,7 +24,10 @@ struct Work {
   // slots mode (summary_build_slots): item i is slot slots[i] (block * P + offset, negative
   // = padding); it builds block slot / P when offset == P - 1 and the block is < num_blocks.
   const int32_t* slots = nullptr;
+  // Every mode: block ids outside [0, num_blocks) are skipped (never read or written);
+  // filled mode: lengths outside [1, max_blocks * kP] (the block-table row) are skipped.
   int64_t num_blocks = 0;
+  int64_t max_blocks = 0;
 };
 
 struct Out {
@@ -47,11 +50,17 @@ __device__ __forceinline__ int32_t resolve_block(const Work& w, int64_t item) {
     const int32_t s = w.slots[item];
     return (s >= 0 && s % kP == kP - 1 && s / kP < w.num_blocks) ? s / kP : -1;
   }
-  if (!w.filled) return w.block_ids[item];
-  const int32_t len = w.seq_lens[item];
-  const int32_t before = max(len - w.appended, 0);
-  if (len / kP == before / kP) return -1;  // no page completed by the last tokens
-  return w.block_table[item * w.bt_stride + (len / kP - 1)];
+  int32_t blk;
+  if (!w.filled) {
+    blk = w.block_ids[item];
+  } else {
+    const int32_t len = w.seq_lens[item];
+    if (len < 1 || len > w.max_blocks * kP) return -1;  // untrusted length: skip the sequence
+    const int32_t before = max(len - w.appended, 0);
+    if (len / kP == before / kP) return -1;  // no page completed by the last tokens
+    blk = w.block_table[item * w.bt_stride + (len / kP - 1)];
+  }
+  return blk >= 0 && blk < w.num_blocks ? blk : -1;  // untrusted block id: skip it
 }
 
 // Partner of index i in round t of the round-robin schedule (15 rounds of 8 disjoint pairs).

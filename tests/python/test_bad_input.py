@@ -255,3 +255,107 @@ def test_hf_check_finite_stops_generate_on_a_nan_key(tiny):
         with torch.no_grad():
             layer.weight.copy_(saved)
         lhf.disable(tiny)
+
+
+# validate=True (issue #12, device-side values): the same bad values the CPU ops refuse on
+# the host are refused by the eager check first, with the tensor's name and the first bad
+# index, before any kernel runs; the CPU ops' own errors are the fallback (validate=False).
+def _bad_pages(a):
+    p = a["pages"].clone()
+    p[1, 0, 0] = MB  # counted entry past the sequence's pages (seq 1 has 3 pages)
+    return p
+
+
+VALIDATE_CASES = [
+    ("lens_past_capacity", dict(sl=torch.tensor([MB * P + 1, 33], dtype=torch.int32)), r"seq_lens\[0\] = 81 is outside \[1, 80\]"),
+    ("lens_zero", dict(sl=torch.tensor([70, 0], dtype=torch.int32)), r"seq_lens\[1\] = 0"),
+    ("lens_negative", dict(sl=torch.tensor([-1, 33], dtype=torch.int32)), r"seq_lens\[0\] = -1"),
+    ("block_id_out_of_range", dict(bt=torch.tensor([[0, 1, 2, 3, 4], [5, 6, NB, 0, 0]], dtype=torch.int32)), r"block_table\[1, 2\] = 12 .*\[0, 12\)"),
+    ("block_id_negative", dict(bt=torch.tensor([[0, 1, -3, 3, 4], [5, 6, 7, 0, 0]], dtype=torch.int32)), r"block_table\[0, 2\] = -3"),
+]
+
+
+@pytest.mark.parametrize("case", VALIDATE_CASES, ids=[c[0] for c in VALIDATE_CASES])
+@pytest.mark.parametrize("entry", ["run", "run_dense", "select", "attend"])
+def test_validate_raises(case, entry):
+    _, over, msg = case
+    a = {**base(), **over}
+    w = a["w"]
+    with pytest.raises(ValueError, match=msg):
+        if entry == "run":
+            w.run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"], validate=True)
+        elif entry == "run_dense":
+            w.run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"], dense=True, validate=True)
+        elif entry == "select":
+            w.select(a["q"], a["s"], a["bt"], a["sl"], validate=True)
+        else:
+            w.attend(a["q"], a["k"], a["v"], a["bt"], a["sl"], validate=True)
+    # the CPU ops refuse the same values on their own (validate=False): consistent answers
+    with pytest.raises(ValueError):
+        w.run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"], dense=True)
+
+
+def test_validate_unused_block_ids_are_not_checked():
+    a = base()
+    bt = a["bt"].clone()
+    bt[1, 3:] = 10_000  # seq 1 (33 tokens) uses pages 0..2 only
+    o1, l1 = a["w"].run(a["q"], a["k"], a["v"], a["s"], bt, a["sl"], validate=True)
+    o2, l2 = a["w"].run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"])
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@pytest.mark.parametrize("what", ["page", "count_high", "count_negative"])
+def test_validate_selection(what):
+    a = base()
+    pages, counts = a["pages"], a["counts"]
+    if what == "page":
+        pages, msg = _bad_pages(a), r"pages\[1, 0, 0\] = 5 .*pages of its sequence"
+        counts = counts.clone()
+        counts[1, 0] = max(1, int(counts[1, 0]))
+    elif what == "count_high":
+        counts, msg = counts.clone(), r"counts\[0, 1\] = 99 is outside \[0, "
+        counts[0, 1] = 99
+    else:
+        counts, msg = counts.clone(), r"counts\[1, 1\] = -2"
+        counts[1, 1] = -2
+    with pytest.raises(ValueError, match=msg):
+        a["w"].attend(a["q"], a["k"], a["v"], a["bt"], a["sl"], pages=pages, counts=counts,
+                      validate=True)
+    with pytest.raises(ValueError):  # the CPU op refuses it too
+        a["w"].attend(a["q"], a["k"], a["v"], a["bt"], a["sl"], pages=pages, counts=counts)
+
+
+def test_validate_valid_inputs_unchanged():
+    a = base()
+    w = a["w"]
+    o1, l1 = w.run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"], validate=True)
+    o2, l2 = w.run(a["q"], a["k"], a["v"], a["s"], a["bt"], a["sl"])
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    p, c = w.select(a["q"], a["s"], a["bt"], a["sl"], validate=True)
+    o3, _ = w.attend(a["q"], a["k"], a["v"], a["bt"], a["sl"], pages=p, counts=c, validate=True)
+    assert torch.equal(o3, o1)
+
+
+def test_validate_summary_helpers():
+    a = base()
+    with pytest.raises(ValueError, match=r"block_ids\[1\] = 12 is outside \[0, 12\)"):
+        ops.summary_build(a["k"], torch.tensor([0, NB], dtype=torch.int32), a["s"], validate=True)
+    with pytest.raises(ValueError, match=r"block_ids\[0\] = -1"):
+        ops.summary_build(a["k"], torch.tensor([-1], dtype=torch.int32), a["s"], validate=True)
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 192 is neither -1 nor in \[0, 192\)"):
+        ops.summary_update(a["k"], a["bt"], a["sl"], a["s"],
+                           slot_mapping=torch.tensor([15, NB * P], dtype=torch.int32), validate=True)
+    with pytest.raises(ValueError, match=r"slot_mapping\[0\] = -2"):
+        ops.summary_update(a["k"], a["bt"], a["sl"], a["s"],
+                           slot_mapping=torch.tensor([-2], dtype=torch.int32), validate=True)
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 200"):
+        ops.summary_update(a["k"], a["bt"], torch.tensor([70, 200], dtype=torch.int32), a["s"],
+                           validate=True)
+    # valid: padding -1 and in-range slots pass, and the build matches validate=False
+    s2 = [t.clone() for t in a["s"]]
+    ops.summary_update(a["k"], a["bt"], a["sl"], a["s"],
+                       slot_mapping=torch.tensor([-1, 15, 31], dtype=torch.int32), validate=True)
+    ops.summary_update(a["k"], a["bt"], a["sl"], s2,
+                       slot_mapping=torch.tensor([-1, 15, 31], dtype=torch.int32))
+    assert all(torch.equal(x, y) for x, y in zip(a["s"], s2))
+    ops.summary_build(a["k"], torch.arange(NB, dtype=torch.int32), a["s"], validate=True)

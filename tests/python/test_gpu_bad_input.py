@@ -2,7 +2,9 @@
 process (an illegal memory access would poison the CUDA context of every later test): the
 bad call must raise the named error, or — for device-side values the host cannot see
 without a sync (block ids, lengths) — must not fault: the context stays usable and a
-following good call gives the right answer."""
+following good call gives the right answer. For attention, such values must also give NaN
+rows exactly where docs/bad_input.md says ("Device-side values (CUDA)") and leave the other
+rows bit-identical; with validate=True the same values raise ValueError."""
 import json
 import os
 import subprocess
@@ -44,10 +46,16 @@ PRELUDE = textwrap.dedent('''
     ref_out, ref_lse = w.run(q, k, v, s, bt, sl, dense=True)
     torch.cuda.synchronize()
     ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+    def bt_with(b, j, val):
+        t = bt.clone(); t[b, j] = val; return t
+    out.zero_(); lse.zero_()
     res = {}
     try:
         CALL
         res["raised"] = None
+        torch.cuda.synchronize()
+        res["row_nan"] = [bool(torch.isnan(out[b]).all() and torch.isnan(lse[b]).all()) for b in range(B)]
+        res["row_same"] = [bool(torch.equal(out[b], ref_out[b]) and torch.equal(lse[b], ref_lse[b])) for b in range(B)]
     except Exception as e:
         res["raised"], res["msg"] = type(e).__name__, str(e).split("\\n")[0][:300]
     try:
@@ -60,7 +68,9 @@ PRELUDE = textwrap.dedent('''
     print("RESULT " + json.dumps(res))
 ''')
 
-# (id, statement, expected exception name or None for "device-side value: must not fault", message words)
+# (id, statement, expected exception name or None for "device-side value: must not fault", message
+# words[, NaN rows: for a dense attention call, the sequences whose whole out/lse rows must be
+# NaN, every other row bit-identical to the clean dense run; "all": every row NaN])
 CASES = [
     ("q_on_cpu", "sel(q=q.cpu())", "ValueError", "mixed devices|is on cpu"),
     ("k_cache_on_cpu", "att(k=k.cpu())", "ValueError", "mixed devices|is on cpu"),
@@ -80,12 +90,26 @@ CASES = [
     ("workspace_too_small", "sel(ws=ws[:256])", "ValueError", "workspace"),
     ("slot_mapping_int64", "L.summary_update(k, bt, sl, torch.tensor([15], device='cuda'), s)", "ValueError", "slot_mapping"),
     # device-side values (no host sync to check them): no fault, the context stays usable
-    ("block_id_out_of_range", "att(bt=torch.full_like(bt, NB + 1000))", None, ""),
-    ("block_id_negative", "att(bt=torch.full_like(bt, -5))", None, ""),
-    ("lens_past_capacity", "att(sl=torch.tensor([MB * P + 500, 37], dtype=torch.int32, device='cuda'))", None, ""),
-    ("lens_negative", "att(sl=torch.tensor([-7, 37], dtype=torch.int32, device='cuda'))", None, ""),
+    ("block_id_out_of_range", "att(bt=torch.full_like(bt, NB + 1000))", None, "", [0, 1]),
+    ("block_id_negative", "att(bt=torch.full_like(bt, -5))", None, "", [0, 1]),
+    ("block_id_one_sequence", "att(bt=bt_with(1, 2, NB))", None, "", [1]),
+    ("block_id_unused_entry", "att(bt=bt_with(1, 5, 2**31 - 1))", None, "", []),  # seq 1 has 3 pages
+    ("lens_past_capacity", "att(sl=torch.tensor([MB * P + 500, 37], dtype=torch.int32, device='cuda'))", None, "", [0]),
+    ("lens_negative", "att(sl=torch.tensor([-7, 37], dtype=torch.int32, device='cuda'))", None, "", [0]),
+    ("lens_zero", "att(sl=torch.tensor([100, 0], dtype=torch.int32, device='cuda'))", None, "", [1]),
     ("select_lens_past_capacity", "sel(sl=torch.tensor([MB * P + 500, 37], dtype=torch.int32, device='cuda'))", None, ""),
-    ("selected_page_out_of_range", "att(pages=torch.full_like(pages, 10_000), counts=torch.full_like(counts, w.capacity))", None, ""),
+    ("selected_page_out_of_range", "att(pages=torch.full_like(pages, 10_000), counts=torch.full_like(counts, w.capacity))", None, "", "all"),
+    ("selected_count_out_of_range", "att(pages=torch.zeros_like(pages), counts=torch.full_like(counts, w.capacity + 1))", None, "", "all"),
+    ("run_sparse_lens_negative", "out[:], lse[:] = w.run(q, k, v, s, bt, torch.tensor([-7, 37], dtype=torch.int32, device='cuda'))", None, "", "first"),
+    # validate=True: the same device-side values raise ValueError (one sync, eager only)
+    ("validate_block_id", "w.run(q, k, v, s, bt_with(1, 2, NB), sl, validate=True)", "ValueError", r"block_table\[1, 2\] = 16"),
+    ("validate_block_id_negative", "w.run(q, k, v, s, bt_with(0, 0, -5), sl, dense=True, validate=True)", "ValueError", r"block_table\[0, 0\] = -5"),
+    ("validate_lens", "w.attend(q, k, v, bt, torch.tensor([MB * P + 1, 37], dtype=torch.int32, device='cuda'), validate=True)", "ValueError", r"seq_lens\[0\] = 129"),
+    ("validate_select_lens", "w.select(q, s, bt, torch.tensor([100, -1], dtype=torch.int32, device='cuda'), validate=True)", "ValueError", r"seq_lens\[1\] = -1"),
+    ("validate_page", "w.attend(q, k, v, bt, sl, pages=torch.full_like(pages, 10_000), counts=torch.full_like(counts, 1), validate=True)", "ValueError", r"pages\[0, 0, 0\] = 10000"),
+    ("validate_count", "w.attend(q, k, v, bt, sl, pages=torch.zeros_like(pages), counts=torch.full_like(counts, w.capacity + 1), validate=True)", "ValueError", r"counts\[0, 0\]"),
+    ("validate_slot", "ops.summary_update(k, bt, sl, s, slot_mapping=torch.tensor([15, NB * P + 15], dtype=torch.int32, device='cuda'), validate=True)", "ValueError", r"slot_mapping\[1\]"),
+    ("validate_build_block", "ops.summary_build(k, torch.tensor([0, NB + 3], dtype=torch.int32, device='cuda'), s, validate=True)", "ValueError", r"block_ids\[1\] = 19"),
     ("update_slot_out_of_range", "L.summary_update(k, bt, sl, torch.tensor([NB * P * 4 + 15], dtype=torch.int32, device='cuda'), s)", None, ""),
     ("build_block_out_of_range", "ops.summary_build(k, torch.tensor([NB + 3], dtype=torch.int32, device='cuda'), s)", None, ""),
 ]
@@ -93,7 +117,8 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_cuda_bad_input(case):
-    name, stmt, exc, words = case
+    name, stmt, exc, words = case[:4]
+    nan_rows = case[4] if len(case) > 4 else None
     code = PRELUDE.replace("CALL", stmt)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CUDA_LAUNCH_BLOCKING": "0"})
@@ -110,3 +135,15 @@ def test_cuda_bad_input(case):
     else:
         # a host-checkable error is fine too; a CUDA fault is not (caught by context_ok)
         assert res["raised"] in (None, "ValueError"), f"{name}: {res}"
+        if nan_rows is not None:
+            assert res["raised"] is None, f"{name}: {res}"
+            if nan_rows == "all":
+                assert all(res["row_nan"]), f"{name}: every row must be NaN: {res}"
+            elif nan_rows == "first":  # sparse run: seq 0 NaN, seq 1 finite (its own selection)
+                assert res["row_nan"][0] and not res["row_nan"][1], f"{name}: {res}"
+            else:
+                for b in range(len(res["row_nan"])):
+                    if b in nan_rows:
+                        assert res["row_nan"][b], f"{name}: row {b} must be NaN: {res}"
+                    else:
+                        assert res["row_same"][b], f"{name}: row {b} must equal the clean run: {res}"
