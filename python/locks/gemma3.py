@@ -55,28 +55,7 @@ def global_layers(config) -> list[int]:
 def load_gemma3(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 attn_implementation: str = "sdpa"):
     """(model, tokenizer) of Gemma-3-270M, in eval mode on `device`."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .model import load_gguf_model
 
     src = gguf_path()
-    cached = _cache_dir(src)
-    if not os.path.isfile(os.path.join(cached, "config.json")):
-        folder, name = os.path.split(src)
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        del model.config.quantization_config  # de-quantized to float32: save as a plain model
-        model.hf_quantizer = None
-        tmp = cached + f".tmp{os.getpid()}"
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        try:
-            os.rename(tmp, cached)
-        except OSError:  # another process got there first
-            pass
-        del model
-    tok = AutoTokenizer.from_pretrained(cached)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn_implementation)
-    return model.to(device).eval(), tok
+    return load_gguf_model(src, _cache_dir(src), device, dtype, attn_implementation)

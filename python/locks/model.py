@@ -39,11 +39,16 @@ def _cache_dir(path: str) -> str:
 def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  attn_implementation: str = "sdpa"):
     """(model, tokenizer) of SmolLM2-135M-Instruct, in eval mode on `device`."""
+    src = gguf_path()
+    return load_gguf_model(src, _cache_dir(src), device, dtype, attn_implementation)
+
+
+def load_gguf_model(src: str, cached: str, device, dtype: torch.dtype, attn_implementation: str):
+    """(model, tokenizer) from a GGUF file, de-quantized once into the transformers folder
+    `cached` (later loads read that folder: GGUF de-quantization is the slow part)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = gguf_path()
-    cached = _cache_dir(src)
     if not os.path.isfile(os.path.join(cached, "config.json")):
         folder, name = os.path.split(src)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
