@@ -135,6 +135,13 @@ __device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_
   return int(gt_base + (take_all ? 0u : min(eq_base, uint32_t(need_eq))));
 }
 
+// The budget covers the sequence: every page, in order, -1 padded.
+__device__ __forceinline__ void write_all_pages(const Rules& r, int cap, int32_t* out,
+                                                int32_t* count) {
+  for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
+  if (threadIdx.x == 0) *count = r.n_pages;
+}
+
 // The final list of one (sequence, KV head) around its n_mid selected pages (already at
 // out[sink_end ..]): sinks, recent pages, the tail page, -1 padding, and the count.
 __device__ __forceinline__ void write_list(const Rules& r, int n_mid, int cap, int32_t* out,
@@ -199,8 +206,7 @@ __global__ void __launch_bounds__(kThreads)
   const Rules r = rules_for(seq_lens[b], P, M, cfg);
   int32_t* out = pages + row * cap;
   if (r.all) {
-    for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
-    if (threadIdx.x == 0) counts[row] = r.n_pages;
+    write_all_pages(r, cap, out, counts + row);
     return;
   }
   // Candidates: chunk c holds cand_cnt[c] of them at [c * cap, c * cap + cnt).
@@ -242,8 +248,7 @@ __global__ void __launch_bounds__(kThreads)
   const Rules r = rules_for(seq_lens[b], P, M, cfg);
   int32_t* out = pages + row * cap;
   if (r.all) {
-    for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
-    if (threadIdx.x == 0) counts[row] = r.n_pages;
+    write_all_pages(r, cap, out, counts + row);
     return;
   }
   const int lo = r.sink_end, n = r.recent_start - r.sink_end;  // candidates: [lo, lo + n)
