@@ -2,7 +2,10 @@
 as the one-shot ops; memory flat over 1,000 plan/run cycles of varying shapes and budgets
 (no state outside the caller's objects: issue #9)."""
 import gc
+import re
 import resource
+import shutil
+import subprocess
 import tracemalloc
 
 import pytest
@@ -116,6 +119,23 @@ def test_supports_is_the_cpp_answer():
         locks.supports("tpu", head_dim=64)
     with pytest.raises(TypeError):
         locks.supports("cpu", head_dim=64.0)
+
+
+def test_messages_format_numbers_with_torchs_libstdcxx():
+    """The extension shares the libstdc++ torch loaded (python/shared_libstdcxx.cmake). With a
+    static copy inside liblocks_torch.so the copy's locale is never initialised: numbers vanish
+    from every message ("head_dim must be one of , got ") or the first one segfaults."""
+    ok, why = locks.supports("cuda", head_dim=48, page_size=16)
+    assert not ok and why.endswith("got 48") and "64, 128, 256" in why
+    # raised inside the C++ library (require_supported), translated at the binding
+    with pytest.raises(NotImplementedError, match="got 33$"):
+        ops.plan(num_q_heads=4, num_kv_heads=1, head_dim=33, num_blocks=4, max_batch=1,
+                 max_blocks_per_seq=4, budget_tokens=64, device="cpu")
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf not installed")
+    dyn = subprocess.run([readelf, "-d", locks._LIB], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"NEEDED.*libstdc\+\+\.so", dyn), dyn
 
 
 def _rss_kib() -> int:
