@@ -1,9 +1,10 @@
+import pytest
 import torch
 
 from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
 from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
 
-from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, side_layer_name
+from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, field_align, side_layer_name
 
 from helpers import fake_config
 
@@ -11,7 +12,7 @@ from helpers import fake_config
 def test_geometry_int4_is_836_bytes_per_head_at_d128():
     g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
     assert g.bytes_per_block == 2 * 836                     # docs/method.md
-    assert g.page_bytes >= g.bytes_per_block + 16 and g.page_bytes % 16 == 0
+    assert g.page_bytes >= g.bytes_per_block + g.slack and g.page_bytes % 16 == 0
     assert g.page_bytes / (2 * 16 * 2 * 128 * 2) < 0.11     # ~10% of the bf16 K+V page
 
 
@@ -39,16 +40,23 @@ def test_side_cache_shares_the_attention_group():
     assert by_layer[side_layer_name("model.layers.0.self_attn.attn")].size == 100 * g.page_bytes
 
 
-def test_carve_views_are_contiguous_disjoint_and_inside():
-    g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
-    n = 200  # real caches have thousands of blocks; 16 B of slack per block pays the alignment
-    raw = torch.zeros(n, 16, g.token_bytes, dtype=torch.uint8)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 200])
+@pytest.mark.parametrize("shift", [0, 1, 4, 13])  # the tensor's base address mod 16
+@pytest.mark.parametrize("H,d,precision", [(2, 128, "int4"), (1, 64, "int4"), (3, 256, "int4"),
+                                           (1, 128, "fp32"), (5, 64, "fp32")])
+def test_carve_views_are_aligned_contiguous_disjoint_and_inside(n, shift, H, d, precision):
+    """Any block count (vLLM's V1 runner profiles memory with a 4-block cache) and any base
+    address: the per-page slack always pays for the alignment."""
+    g = SummaryGeometry(num_kv_heads=H, head_dim=d, rank=8, precision=precision)
+    buf = torch.zeros(n * g.page_bytes + 64, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 16 + shift
+    raw = buf[start:start + n * g.page_bytes].view(n, 16, g.token_bytes)
     views = carve(raw, g)
     lo, hi = raw.data_ptr(), raw.data_ptr() + raw.numel()
     spans = []
     for v, (_, dt, shape) in zip(views, g.fields()):
         assert v.dtype == dt and tuple(v.shape) == (n, *shape) and v.is_contiguous()
-        assert v.data_ptr() % 256 == 0
+        assert v.data_ptr() % field_align(dt) == 0
         a = v.data_ptr()
         b = a + v.numel() * v.element_size()
         assert lo <= a and b <= hi

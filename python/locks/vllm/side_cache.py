@@ -13,8 +13,10 @@ a block's summary is rebuilt whenever a step writes the block's last slot.
 Storage: vLLM hands the layer one flat uint8 tensor of num_blocks * page_bytes (a single-group
 UniformTypeKVCacheSpecs gets one tensor per layer, not the packed cross-layer layout). The
 summary arrays are carved from it structure-of-arrays (each array contiguous over all blocks:
-the layout the LOCKS operators take), each 256-byte aligned; one spare 16-byte row per page pays
-for the alignment.
+the layout the LOCKS operators take), each aligned as the kernels need (16 bytes for the int8 /
+uint8 code arrays, the element size for the float scales). Each page carries the worst-case
+alignment padding of all arrays (`slack`), so the carve fits for any number of blocks,
+including the few-block caches vLLM's V1 runner allocates while profiling memory.
 """
 from __future__ import annotations
 
@@ -22,7 +24,12 @@ import dataclasses
 
 import torch
 
-ALIGN = 256
+CODE_ALIGN = 16  # the CUDA kernels' vector loads of the code arrays (decoder.cu: aligned16)
+
+
+def field_align(dt: torch.dtype) -> int:
+    e = torch.empty((), dtype=dt).element_size()
+    return CODE_ALIGN if e == 1 else e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +64,16 @@ class SummaryGeometry:
         return n
 
     @property
+    def slack(self) -> int:
+        """Bytes per block that pay for aligning every array, whatever the base address and
+        the number of blocks: the sum of each array's worst-case padding."""
+        return sum(field_align(dt) - 1 for _, dt, _ in self.fields())
+
+    @property
     def token_bytes(self) -> int:
         """The spec's head_size (uint8 elements per token slot): page = page_size * token_bytes
-        >= bytes_per_block + 16 (the slack that pays for aligning each array)."""
-        return -(-(self.bytes_per_block + 16) // self.page_size)
+        >= bytes_per_block + slack."""
+        return -(-(self.bytes_per_block + self.slack) // self.page_size)
 
     @property
     def page_bytes(self) -> int:
@@ -81,7 +94,7 @@ def carve(raw: torch.Tensor, geom: SummaryGeometry) -> list[torch.Tensor]:
     out, off = [], 0
     base = flat.data_ptr()
     for name, dt, shape in geom.fields():
-        off += (-(base + off)) % ALIGN
+        off += (-(base + off)) % field_align(dt)
         e = torch.empty((), dtype=dt).element_size()
         n = num_blocks
         for s in shape:
