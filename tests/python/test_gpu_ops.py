@@ -45,11 +45,24 @@ def test_cuda_summary_build_matches_cpu(d, H, Hq, dtype, precision):
     kk = k[full.long()].double()
     err_c = (rec(fc).double() - kk).norm(dim=-1)
     err_g = (rec(fg).double() - kk).norm(dim=-1)
-    # the CUDA fit is as good as the CPU's (its Jacobi solver in float): residual norms agree
-    # to float rounding of the Gram matrix, relative to the page's key norm
-    scale = kk.norm(dim=-1).amax(1, keepdim=True)
-    slack = 1e-3 if precision == "fp32" else 0.05  # int4: one quantization step of the basis
-    assert ((err_g - err_c).abs() <= slack * scale).all(), float(((err_g - err_c).abs() / scale).max())
+    # The CUDA fit is as good as the CPU's: both minimise the page's residual energy (the sum of
+    # its squared key residuals, i.e. the eigenvalues past rank r). That objective is stable
+    # when the r-th and (r+1)-th eigenvalues nearly tie, where each key's own residual is not
+    # (the two fits may keep different directions of the tied pair: seen on random keys).
+    # fp32: each fit is within 64 r P eps32 (sigma_0^2 + ||K - mu||^2) of the optimal residual
+    # (the bound of expect_summary_matches in tests/ops/test_backend_ops.cpp; sigma_0^2 <=
+    # ||K - mu||^2), so the two differ by at most twice that; int4: each key moves by at most
+    # one basis quantization step (0.05 of the page's largest key norm), so the page's residual
+    # norm moves by at most that times sqrt(P).
+    e_c, e_g = (err_c ** 2).sum(1), (err_g ** 2).sum(1)  # [pages, H]
+    scale = kk.norm(dim=-1).amax(1)  # [pages, H]: the page's largest key norm
+    if precision == "fp32":
+        frob = ((kk - kk.mean(1, keepdim=True)) ** 2).sum(dim=(1, 3))
+        bound = 2 * 64 * 8 * P * 2.0 ** -24 * (2 * frob) + 1e-12
+        assert ((e_g - e_c).abs() <= bound).all(), float(((e_g - e_c).abs() / bound).max())
+    else:
+        bound = 0.05 * scale * P ** 0.5
+        assert ((e_g.sqrt() - e_c.sqrt()).abs() <= bound).all(), float(((e_g.sqrt() - e_c.sqrt()).abs() / bound).max())
 
 
 def test_cuda_summary_update_both_rules_match_bulk():

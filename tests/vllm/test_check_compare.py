@@ -1,0 +1,33 @@
+"""compare_greedy (locks.vllm.check): the pass rule of the H200 correctness run, token identity
+or, at each sequence's first divergence, a numerical tie of the reference's top two tokens."""
+from locks.vllm.check import TIE_NATS, compare_greedy
+
+
+def run(tokens, logprobs=None):
+    r = {"tokens": tokens}
+    if logprobs is not None:
+        r["logprobs"] = logprobs
+    return r
+
+
+def test_identical_runs_pass():
+    c = compare_greedy(run([[1, 2, 3], [4, 5]]), run([[1, 2, 3], [4, 5]]))
+    assert c["identical"] == 2 and c["first_divergence"] == [None, None]
+    assert c["all_divergences_are_ties"] and c["margins_at_divergence"] == []
+
+
+def test_divergence_at_a_tie_passes_and_a_clear_lead_fails():
+    lp_tie = [[{"1": -0.1}, {"2": -0.70, "9": -0.72}, {"3": -0.1}]]
+    c = compare_greedy(run([[1, 2, 3]], lp_tie), run([[1, 9, 3]]))
+    assert c["identical"] == 0 and c["first_divergence"] == [1]
+    assert abs(c["margins_at_divergence"][0] - 0.02) < 1e-9 and c["all_divergences_are_ties"]
+    lp_lead = [[{"1": -0.1}, {"2": -0.1, "9": -0.1 - 2 * TIE_NATS}, {"3": -0.1}]]
+    assert not compare_greedy(run([[1, 2, 3]], lp_lead), run([[1, 9, 3]]))["all_divergences_are_ties"]
+
+
+def test_a_token_outside_the_reference_top_is_no_tie():
+    lp = [[{"1": -0.1}, {"2": -0.5, "7": -0.9}]]
+    c = compare_greedy(run([[1, 2]], lp), run([[1, 9]]))
+    assert c["margins_at_divergence"] == [None] and not c["all_divergences_are_ties"]
+    # without logprobs a divergence cannot be shown to be a tie
+    assert not compare_greedy(run([[1, 2]]), run([[1, 9]]))["all_divergences_are_ties"]
