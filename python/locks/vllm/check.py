@@ -139,14 +139,18 @@ def smollm2_folder() -> str:
 
 
 def smoke(args) -> int:
-    """Minutes-cheap: a 2-layer dummy-weight Llama (GQA 4, d 128) through FLASH_ATTN and LOCKS
+    """Minutes-cheap: a 2-layer dummy-weight Llama (16/4 heads, d 128) through FLASH_ATTN and LOCKS
     (dense budget and budget 64), full decode graphs, V2 then V1 runner; the plugin loads,
     captures and decodes. Dummy weights make near-tied logits, so token agreement is printed,
     not required."""
     d = tempfile.mkdtemp(prefix="tinyllama_")
+    # Heads "q/kv" ($LOCKS_VLLM_SMOKE_HEADS): e.g. 8/1 is one rank's shard of Llama-3.1-70B at
+    # TP 8, 16/1 of GLM-4-9B at TP 2 (#13: the per-rank shape on one GPU).
+    hq, hkv = (int(x) for x in os.environ.get("LOCKS_VLLM_SMOKE_HEADS", "16/4").split("/"))
     cfg = dict(LLAMA_31_8B, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
-               num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+               num_attention_heads=hq, num_key_value_heads=hkv, head_dim=128, vocab_size=32000,
                max_position_embeddings=8192)
+    print(f"SMOKE shape: {hq} q heads / {hkv} KV heads, head_dim 128", flush=True)
     cfg.pop("rope_scaling")
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
