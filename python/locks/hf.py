@@ -17,8 +17,15 @@ Supported: decoder-only models whose attention modules call `cache.update(...)` 
 configured attention function with (module, query, key, value, attention_mask, scaling=...),
 with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, SmolLM2,
 ...), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
-Refused with a clear error (ValueError; NotImplementedError for a shape the backend lacks): sliding-window or non-attention (linear / SSM) layers, encoder-
-decoder models, budgets below (sink + recent + 1) pages. Attention calls without a LocksCache
+Hybrid models (config.layer_types mixing "full_attention" and "sliding_attention", e.g.
+Gemma-3): LOCKS serves the full-attention layers; the sliding-window layers keep
+transformers' own cache layer (DynamicSlidingWindowLayer) and attention (SDPA under the
+model's sliding-window mask), exactly as without LOCKS: a window of 512 tokens is already
+cheap to read, and selecting inside it would only lose accuracy.
+Refused with a clear error (ValueError; NotImplementedError for a shape the backend lacks):
+models whose every layer is sliding-window (no layer_types, sliding_window set), any other
+layer type (linear attention, SSM, chunked attention), encoder-decoder models, budgets below
+(sink + recent + 1) pages. Attention calls without a LocksCache
 (a plain forward, a DynamicCache passed explicitly) fall back to dense SDPA with a warning.
 """
 from __future__ import annotations
@@ -34,7 +41,7 @@ from . import ops
 from .wrapper import DecodeWrapper, check_all_finite
 
 try:
-    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -294,7 +301,9 @@ class LocksCache(Cache):
         check_model_config(config)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         plans = _Plans()
-        super().__init__(layers=[LocksLayer(cfg, plans) for _ in range(text.num_hidden_layers)])
+        super().__init__(layers=[LocksLayer(cfg, plans) if kind == "full_attention"
+                                 else DynamicSlidingWindowLayer(sliding_window=text.sliding_window)
+                                 for kind in layer_kinds(text)])
         self.locks_config = cfg
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -318,14 +327,22 @@ def check_model_config(config, device=None, dtype=None, cfg: LocksConfig | None 
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError("locks: encoder-decoder models are not supported (decoder-only only)")
     layer_types = getattr(text, "layer_types", None) or []
-    other = sorted({t for t in layer_types if t != "full_attention"})
+    other = sorted({t for t in layer_types if t not in SERVED_LAYER_TYPES})
     if other:
         raise ValueError(
-            f"locks: model_type {text.model_type!r} has layers of type {other}; LOCKS serves only "
-            "full-attention layers (sliding-window / linear-attention layers are not supported)")
-    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
-        raise ValueError(f"locks: model_type {text.model_type!r} uses sliding-window attention "
-                         f"(sliding_window={text.sliding_window}); not supported")
+            f"locks: model_type {text.model_type!r} has layers of type {other}; LOCKS serves "
+            "full-attention layers and leaves sliding-window layers to transformers "
+            f"({', '.join(SERVED_LAYER_TYPES)}); other layer types are not supported")
+    if layer_types:
+        if "full_attention" not in layer_types:
+            raise ValueError(f"locks: model_type {text.model_type!r} has no full-attention layer: "
+                             "nothing for LOCKS to serve")
+        if "sliding_attention" in layer_types and not getattr(text, "sliding_window", None):
+            raise ValueError(f"locks: model_type {text.model_type!r} has sliding-attention layers "
+                             "but no sliding_window in its config")
+    elif getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        raise ValueError(f"locks: model_type {text.model_type!r} uses sliding-window attention in "
+                         f"every layer (sliding_window={text.sliding_window}); nothing for LOCKS to serve")
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if text.num_attention_heads % kv:
@@ -335,6 +352,15 @@ def check_model_config(config, device=None, dtype=None, cfg: LocksConfig | None 
         require_supported(device, head_dim=head_dim, page_size=cfg.page_size,
                           group=text.num_attention_heads // kv, kv_dtype=dtype or torch.bfloat16,
                           rank=cfg.rank, precision=cfg.precision)
+
+
+SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_kinds(text_config) -> list[str]:
+    """Each layer's type: config.layer_types, or "full_attention" for every layer."""
+    types = getattr(text_config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * text_config.num_hidden_layers
 
 
 def _first_valid(attention_mask, batch: int, q_len: int) -> list[int]:
@@ -371,6 +397,9 @@ def locks_attention_forward(module, query, key, value, attention_mask, dropout=0
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     layer = cache.layers[layer_idx]
+    if not isinstance(layer, LocksLayer):  # a sliding-window layer: the model's own attention
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
     if layer.pending is not None:  # prefill: dense, then store the real tokens in pages
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)

@@ -43,9 +43,11 @@ def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype = torch.
     return load_gguf_model(src, _cache_dir(src), device, dtype, attn_implementation)
 
 
-def load_gguf_model(src: str, cached: str, device, dtype: torch.dtype, attn_implementation: str):
+def load_gguf_model(src: str, cached: str, device, dtype: torch.dtype, attn_implementation: str,
+                    fix_folder=None):
     """(model, tokenizer) from a GGUF file, de-quantized once into the transformers folder
-    `cached` (later loads read that folder: GGUF de-quantization is the slow part)."""
+    `cached` (later loads read that folder: GGUF de-quantization is the slow part).
+    fix_folder(path): applied to the written folder before it becomes `cached`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -59,6 +61,8 @@ def load_gguf_model(src: str, cached: str, device, dtype: torch.dtype, attn_impl
         tmp = cached + f".tmp{os.getpid()}"
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        if fix_folder is not None:
+            fix_folder(tmp)
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         try:
             os.rename(tmp, cached)

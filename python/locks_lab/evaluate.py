@@ -76,7 +76,8 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
             cfg = hf.LocksConfig(budget=b, **locks_kwargs)
             cfg.validate()
             for layer in cache.layers:
-                layer.cfg = cfg
+                if isinstance(layer, hf.LocksLayer):  # hybrid models: sliding layers are transformers'
+                    layer.cfg = cfg
             got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True)
             kls = [float(F.kl_div(g, r, log_target=True, reduction="sum")) / r.shape[0]
                    for g, r in zip(got, ref)]

@@ -59,3 +59,40 @@ def test_chunked_capture_equals_one_shot(model_tok, tmp_path):
             b = np.load(tmp_path / "b" / f"layer{L}_{what}.npy")
             assert a.shape == b.shape
             assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max(), (L, what)
+
+
+@torch.inference_mode()
+def test_hf_drop_in_serves_global_layers_and_leaves_sliding_ones(model_tok):
+    """locks.hf on the hybrid model: LocksLayer on the 3 global layers, transformers' own
+    sliding-window layer elsewhere. Budget >= context: the same greedy tokens as the model's
+    own attention and logits within float rounding; a small budget decodes sparsely on the
+    global layers only. 700 prompt tokens: past the 512-token window."""
+    from locks import hf
+
+    model, tok = model_tok
+    text = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()
+    ids = tok(text, return_tensors="pt").input_ids[:, :700]
+    gen = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    want = model.generate(ids, **gen)
+    try:
+        hf.enable(model, budget=None, precision="fp32")
+        kw = hf.cache_kwarg(model)
+        cache = hf.LocksCache(model.config, model.locks_config)
+        got = model.generate(ids, **gen, **{kw: cache})
+        glob = gemma3.global_layers(model.config)
+        assert [i for i, layer in enumerate(cache.layers) if isinstance(layer, hf.LocksLayer)] == glob
+        for i, layer in enumerate(cache.layers):
+            if i not in glob:  # transformers' own: keeps the last window - 1 tokens only
+                assert layer.is_sliding and layer.keys.shape[2] == model.config.sliding_window - 1
+        assert torch.equal(got.sequences, want.sequences)
+        for a, b in zip(got.logits, want.logits):
+            assert (a - b).abs().max() <= 1e-3 * b.abs().max()  # float32, different reduction order
+        hf.enable(model, budget=128, precision="int4")
+        cache = hf.LocksCache(model.config, model.locks_config)
+        sparse = model.generate(ids, **gen, **{kw: cache})
+        counts = [cache.layers[i].last_counts for i in glob]
+        assert all(int(c.max()) <= 128 // 16 for c in counts)  # 8 pages of 16 tokens per KV head
+        top1 = sum(int(a.argmax(-1) == b.argmax(-1)) for a, b in zip(sparse.logits, want.logits))
+        assert top1 >= 6, top1  # 128 of 712 tokens on 3 of 18 layers: still the text's tokens
+    finally:
+        hf.disable(model)
