@@ -83,6 +83,16 @@ def cmd_capture(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from . import demo
+
+    r = demo.run(tokens=args.tokens, budget=args.budget, device=args.device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=2)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m locks_lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -107,6 +117,13 @@ def main(argv=None) -> int:
                    help="also decode STEPS tokens of the real text teacher-forced and report agreement/KL")
     g.add_argument("--json", help="write the results here")
     g.set_defaults(fn=cmd_generate)
+
+    d = sub.add_parser("demo", help="the embedded model on a passkey and a man-page question, FullKV vs LOCKS")
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--tokens", type=int, default=4000)
+    d.add_argument("--budget", type=int, default=512)
+    d.add_argument("--json", help="write the results here")
+    d.set_defaults(fn=cmd_demo)
 
     c = sub.add_parser("capture", help="write per-layer K, V and decode queries (docs/capture_format.md)")
     common(c)
