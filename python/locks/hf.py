@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ops
+from . import ops, selectors
+from .selectors import SELECTORS
 from .wrapper import DecodeWrapper, check_all_finite
 
 try:
@@ -67,6 +68,9 @@ class LocksConfig:
     recent_pages: int = 0
     reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
     check_finite: bool = False
+    # which pages to attend: "locks" (the summaries), or a baseline for research through the
+    # same budget path: "oracle", "quest", "fullkv" (locks/selectors.py)
+    selector: str = "locks"
 
     def validate(self) -> None:
         """TypeError for a wrong type (bool is not an int, 16.0 is not an int), ValueError for a
@@ -81,6 +85,8 @@ class LocksConfig:
         check_int("reserve_tokens", self.reserve_tokens, lo=0, where="locks")
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(f"locks: precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.selector, str) or self.selector not in SELECTORS:
+            raise ValueError(f"locks: selector must be one of {SELECTORS}, got {self.selector!r}")
         if not isinstance(self.check_finite, bool):
             raise TypeError(f"locks: check_finite must be a bool, got {type(self.check_finite).__name__}")
         if self.budget is not None:
@@ -239,7 +245,7 @@ class LocksLayer(CacheLayerMixin):
             vt[b, :n] = value[b, :, f:].transpose(0, 1)
             full += [b * self.max_blocks + j for j in range(n // P)]
         self.seq_lens = torch.tensor(self.lens, dtype=torch.int32, device=self.device)
-        if full:
+        if full and self.cfg.selector == "locks":
             ops.summary_build(self.k_pages, torch.tensor(full, dtype=torch.int32, device=self.device),
                               self.summaries)
         self._planned(num_q_heads, scaling)
@@ -257,7 +263,8 @@ class LocksLayer(CacheLayerMixin):
         self.v_pages.view(B, -1, H, d)[rows, pos] = v.to(self.dtype)
         self.seq_lens += 1
         self.lens = [n + 1 for n in self.lens]
-        ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summaries)
+        if self.cfg.selector == "locks":  # the baselines read the keys, not summaries
+            ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summaries)
 
     # -- decode attention ----------------------------------------------------------------
     def _planned(self, num_q_heads: int, scaling: float) -> DecodeWrapper:
@@ -282,10 +289,17 @@ class LocksLayer(CacheLayerMixin):
         if self.cfg.check_finite:
             check_all_finite(query=q)
         w = self._planned(q.shape[1], scaling)
-        if self.cfg.budget is None:
+        sel = self.cfg.selector
+        if self.cfg.budget is None or sel == "fullkv":
             out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens, dense=True)
         else:
-            pages, counts = w.select(q, self.summaries, self.block_table, self.seq_lens)
+            if sel == "locks":
+                pages, counts = w.select(q, self.summaries, self.block_table, self.seq_lens)
+            else:
+                pages, counts = selectors.select(
+                    sel, q, self.k_pages, self.block_table, self.seq_lens, scale=float(scaling),
+                    page_size=self.cfg.page_size, budget=self.cfg.budget, capacity=w.capacity,
+                    sink_pages=self.cfg.sink_pages, recent_pages=self.cfg.recent_pages)
             self.last_counts = counts
             out, _ = w.attend(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
                               pages=pages, counts=counts)
