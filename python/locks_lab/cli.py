@@ -93,6 +93,31 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_suite(args) -> int:
+    import torch
+
+    from . import suite
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if args.model == "gemma3":
+        from locks.gemma3 import load_gemma3 as load
+    else:
+        from locks.model import load_smollm2 as load
+    model, tok = load(device=args.device, dtype=dtype)
+    names = list(suite.GENERATORS) if args.tasks == "all" else args.tasks.split(",")
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    meta = dict(model=args.model, device=args.device, dtype=args.dtype, lengths=ints(args.lengths),
+                budgets=ints(args.budgets), selectors=args.selectors.split(","), tasks=names, seeds=args.seeds)
+    t0 = time.perf_counter()
+    rows = suite.run(model, tok, lengths=meta["lengths"], budgets=meta["budgets"], selectors=meta["selectors"],
+                     task_names=names, seeds=args.seeds)
+    meta["seconds"] = time.perf_counter() - t0
+    suite.write(rows, args.out, meta)
+    print(suite.table(rows))
+    print(f"wrote {args.out}/suite.json, table.md ({meta['seconds']:.0f} s)")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m locks_lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -124,6 +149,18 @@ def main(argv=None) -> int:
     d.add_argument("--budget", type=int, default=512)
     d.add_argument("--json", help="write the results here")
     d.set_defaults(fn=cmd_demo)
+
+    t = sub.add_parser("suite", help="the task suite: every task x length x selector x budget (locks_lab/suite.py)")
+    t.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--lengths", default="4000")
+    t.add_argument("--budgets", default="64,256,1024")
+    t.add_argument("--selectors", default="locks,oracle,quest")
+    t.add_argument("--tasks", default="all")
+    t.add_argument("--seeds", type=int, default=2)
+    t.add_argument("--out", default="suite-out")
+    t.set_defaults(fn=cmd_suite)
 
     c = sub.add_parser("capture", help="write per-layer K, V and decode queries (docs/capture_format.md)")
     common(c)
