@@ -118,6 +118,35 @@ def cmd_suite(args) -> int:
     return 0
 
 
+def cmd_fidelity(args) -> int:
+    """Teacher-forced next-token fidelity vs FullKV: every selector x budget (#11, item 4)."""
+    import torch
+
+    from . import corpus, evaluate
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if args.model == "gemma3":
+        from locks.gemma3 import load_gemma3 as load
+    else:
+        from locks.model import load_smollm2 as load
+    model, tok = load(device=args.device, dtype=dtype)
+    ids = corpus.token_ids(tok, args.source, args.tokens + args.steps).to(model.device)
+    t0 = time.perf_counter()
+    res, ref_s = evaluate.teacher_forced(model, ids, args.tokens, [int(b) for b in args.budgets.split(",")],
+                                         selectors=args.selectors.split(","))
+    print(f"{args.model}, {args.source}, {args.tokens} tokens + {args.steps} teacher-forced steps "
+          f"({time.perf_counter() - t0:.0f} s)")
+    print("| selector | budget | top-1 agreement | mean KL (nats) | max KL |\n|---|---|---|---|---|")
+    for a in res:
+        print(f"| {a.selector} | {a.budget} | {a.top1_agreement:.3f} | {a.mean_kl:.4f} | {a.max_kl:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "source": args.source, "tokens": args.tokens, "steps": args.steps,
+                       "rows": [dict(selector=a.selector, budget=a.budget, top1=a.top1_agreement,
+                                     mean_kl=a.mean_kl, max_kl=a.max_kl) for a in res]}, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m locks_lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -161,6 +190,18 @@ def main(argv=None) -> int:
     t.add_argument("--seeds", type=int, default=2)
     t.add_argument("--out", default="suite-out")
     t.set_defaults(fn=cmd_suite)
+
+    fdl = sub.add_parser("fidelity", help="teacher-forced top-1 / KL vs FullKV, every selector x budget")
+    fdl.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
+    fdl.add_argument("--device", default="cpu")
+    fdl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    fdl.add_argument("--source", default="gpl3")
+    fdl.add_argument("--tokens", type=int, default=8000)
+    fdl.add_argument("--steps", type=int, default=256)
+    fdl.add_argument("--budgets", default="128,256,512,1024,2048")
+    fdl.add_argument("--selectors", default="locks,oracle,quest")
+    fdl.add_argument("--json")
+    fdl.set_defaults(fn=cmd_fidelity)
 
     c = sub.add_parser("capture", help="write per-layer K, V and decode queries (docs/capture_format.md)")
     common(c)

@@ -54,14 +54,16 @@ class Agreement:
     max_kl: float
     decode_s: float
     per_step_kl: list[float] = field(default_factory=list)
+    selector: str = "locks"
 
 
 @torch.inference_mode()
 def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | None],
-                   **locks_kwargs) -> tuple[list[Agreement], float]:
+                   selectors=("locks",), **locks_kwargs) -> tuple[list[Agreement], float]:
     """Decode ids[:, prefill:] teacher-forced with FullKV (the model's own dense attention and
-    DynamicCache) and with LOCKS at each budget (one shared prefill, copied per budget).
-    Returns (one Agreement per budget, FullKV decode seconds)."""
+    DynamicCache) and with each selector (locks.hf's selector=) at each budget (one shared
+    prefill, copied per run). Returns (one Agreement per selector x budget, FullKV decode
+    seconds)."""
     from transformers import DynamicCache
 
     kw = hf.cache_kwarg(model)
@@ -71,9 +73,9 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
     with attn_implementation(model, hf.ATTN_NAME):
         base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
         model(input_ids=ids[:, :prefill], use_cache=True, **{kw: base})
-        for b in budgets:
+        for sel, b in [(sel, b) for sel in selectors for b in budgets]:
             cache = copy.deepcopy(base)
-            cfg = hf.LocksConfig(budget=b, **locks_kwargs)
+            cfg = hf.LocksConfig(budget=b, selector=sel, **locks_kwargs)
             cfg.validate()
             for layer in cache.layers:
                 if isinstance(layer, hf.LocksLayer):  # hybrid models: sliding layers are transformers'
@@ -83,7 +85,7 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
                    for g, r in zip(got, ref)]
             agree = [bool((g.argmax(-1) == r.argmax(-1)).all()) for g, r in zip(got, ref)]
             results.append(Agreement(b, len(kls), sum(agree) / len(agree), sum(kls) / len(kls),
-                                     max(kls), s, kls))
+                                     max(kls), s, kls, sel))
     return results, ref_s
 
 
