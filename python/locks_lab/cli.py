@@ -9,12 +9,15 @@ import time
 
 
 def _model(args):
+    """(model, tokenizer) of args.model (default SmolLM2) on args.device in args.dtype."""
     import torch
 
-    from locks.model import load_smollm2
-
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    return load_smollm2(device=args.device, dtype=dtype)
+    if getattr(args, "model", "smollm2") == "gemma3":
+        from locks.gemma3 import load_gemma3 as load
+    else:
+        from locks.model import load_smollm2 as load
+    return load(device=args.device, dtype=dtype)
 
 
 def _prompt(args, tok):
@@ -94,16 +97,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_suite(args) -> int:
-    import torch
-
     from . import suite
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    if args.model == "gemma3":
-        from locks.gemma3 import load_gemma3 as load
-    else:
-        from locks.model import load_smollm2 as load
-    model, tok = load(device=args.device, dtype=dtype)
+    model, tok = _model(args)
     names = list(suite.GENERATORS) if args.tasks == "all" else args.tasks.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     meta = dict(model=args.model, device=args.device, dtype=args.dtype, lengths=ints(args.lengths),
@@ -120,16 +116,9 @@ def cmd_suite(args) -> int:
 
 def cmd_fidelity(args) -> int:
     """Teacher-forced next-token fidelity vs FullKV: every selector x budget (#11, item 4)."""
-    import torch
-
     from . import corpus, evaluate
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    if args.model == "gemma3":
-        from locks.gemma3 import load_gemma3 as load
-    else:
-        from locks.model import load_smollm2 as load
-    model, tok = load(device=args.device, dtype=dtype)
+    model, tok = _model(args)
     ids = corpus.token_ids(tok, args.source, args.tokens + args.steps).to(model.device)
     t0 = time.perf_counter()
     res, ref_s = evaluate.teacher_forced(model, ids, args.tokens, [int(b) for b in args.budgets.split(",")],
