@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     fdl.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
     fdl.add_argument("--device", default="cpu")
     fdl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    fdl.add_argument("--source", default="gpl3")
+    fdl.add_argument("--source", default="info", help="real text: info (GNU manuals), python, gpl3 (7.6K tokens), or a file")
     fdl.add_argument("--tokens", type=int, default=8000)
     fdl.add_argument("--steps", type=int, default=256)
     fdl.add_argument("--budgets", default="128,256,512,1024,2048")
