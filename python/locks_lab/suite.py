@@ -9,7 +9,7 @@ Per (task, length, seed) the prompt is prefilled once (all but its last token, d
 the summaries built); each selector x budget then decodes from a copy of that cache, the
 last prompt token being its first decode step, so every method answers from the same
 prefill. Writes suite.json (one row per generation), table.md (mean score per task x
-method x budget, FullKV beside) and, with matplotlib, accuracy.png."""
+method x budget, FullKV beside) and, with gnuplot, accuracy.png."""
 from __future__ import annotations
 
 import copy
@@ -96,28 +96,39 @@ def table(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, png: str) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def curves(rows):
+    """(budgets, {method: mean score per budget}, FullKV mean) over every task and length."""
     budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
     full = [r["score"] for r in rows if r["method"] == "fullkv"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    out = {}
     for m in dict.fromkeys(r["method"] for r in rows if r["method"] != "fullkv"):
-        ys = [sum(r["score"] for r in rows if r["method"] == m and r["budget"] == b) /
-              max(1, sum(1 for r in rows if r["method"] == m and r["budget"] == b)) for b in budgets]
-        ax.plot(budgets, ys, marker="o", label=m)
-    ax.axhline(sum(full) / max(1, len(full)), color="k", ls="--", label="FullKV")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget (tokens)")
-    ax.set_ylabel("mean task score")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    return True
+        out[m] = [sum(r["score"] for r in rows if r["method"] == m and r["budget"] == b) /
+                  max(1, sum(1 for r in rows if r["method"] == m and r["budget"] == b)) for b in budgets]
+    return budgets, out, sum(full) / max(1, len(full))
+
+
+def plot(rows, png: str) -> bool:
+    """Mean task score vs budget per method (FullKV dashed), with gnuplot run on a written
+    script by argument vector (no shell), as `locks eval` plots; False without gnuplot."""
+    import shutil
+    import subprocess
+
+    gp = shutil.which("gnuplot")
+    if gp is None:
+        return False
+    budgets, ys, full = curves(rows)
+    folder, name = os.path.split(os.path.abspath(png))
+    with open(os.path.join(folder, "accuracy.dat"), "w") as f:
+        f.write("# budget " + " ".join(ys) + "\n")
+        for i, b in enumerate(budgets):
+            f.write(f"{b} " + " ".join(f"{ys[m][i]:.4f}" for m in ys) + "\n")
+    series = ", ".join(f"'accuracy.dat' using 1:{i + 2} with linespoints title '{m}'" for i, m in enumerate(ys))
+    with open(os.path.join(folder, "accuracy.gp"), "w") as f:
+        f.write(f"set terminal pngcairo size 720,480\nset output '{name}'\nset logscale x 2\n"
+                "set xlabel 'budget (tokens)'\nset ylabel 'mean task score'\nset yrange [0:1.05]\n"
+                f"plot {series}, {full:.4f} with lines dashtype 2 title 'FullKV'\n")
+    r = subprocess.run([gp, "accuracy.gp"], cwd=folder, capture_output=True, timeout=60)
+    return r.returncode == 0
 
 
 def write(rows, out_dir: str, meta: dict) -> None:

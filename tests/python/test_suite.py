@@ -32,3 +32,17 @@ def test_small_suite_locks_and_oracle_answer_like_fullkv(model_tok):
     for task in ("passkey", "mk_needle"):
         assert by[(task, "fullkv")] == 1.0, rows
         assert by[(task, "locks")] == 1.0 and by[(task, "oracle")] == 1.0, rows
+
+
+def test_plot_draws_a_png_with_gnuplot(tmp_path):
+    import shutil
+
+    if shutil.which("gnuplot") is None:
+        pytest.skip("gnuplot not installed")
+    rows = [dict(task="t", length=10, method="fullkv", budget=None, score=1.0)]
+    rows += [dict(task="t", length=10, method=m, budget=b, score=s)
+             for m, s in (("locks", 1.0), ("quest", 0.5)) for b in (64, 256)]
+    png = tmp_path / "accuracy.png"
+    assert suite.plot(rows, str(png)) and png.read_bytes()[:4] == b"\x89PNG"
+    budgets, ys, full = suite.curves(rows)
+    assert budgets == [64, 256] and ys == {"locks": [1.0, 1.0], "quest": [0.5, 0.5]} and full == 1.0
