@@ -35,7 +35,8 @@ def _forced_logprobs(model, ids: torch.Tensor, prefill: int, cache, kw: str, fir
     """Log-probs of the next token at each decode step, teacher-forced on ids[:, prefill:].
     Returns (list of [B, V] float32 log-prob tensors, seconds spent decoding)."""
     if first is None:
-        out = model(input_ids=ids[:, :prefill], use_cache=True, **{kw: cache})
+        # logits_to_keep=1: the prefill's logits are not used (Gemma-3: 262K vocabulary x 8K+ positions)
+        out = model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: cache})
     steps = ids.shape[1] - prefill
     res = []
     t0 = time.perf_counter()
@@ -72,7 +73,7 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
     results = []
     with attn_implementation(model, hf.ATTN_NAME):
         base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
-        model(input_ids=ids[:, :prefill], use_cache=True, **{kw: base})
+        model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: base})
         for sel, b in [(sel, b) for sel in selectors for b in budgets]:
             cache = copy.deepcopy(base)
             cfg = hf.LocksConfig(budget=b, selector=sel, **locks_kwargs)

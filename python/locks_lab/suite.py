@@ -61,7 +61,7 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
                                  budget=None, score=full_score, output=full, answers=task.answers))
                 with attn_implementation(model, hf.ATTN_NAME):
                     base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
-                    model(input_ids=ids[:, :-1], use_cache=True, **{hf.cache_kwarg(model): base})
+                    model(input_ids=ids[:, :-1], use_cache=True, logits_to_keep=1, **{hf.cache_kwarg(model): base})
                     for sel in selectors:
                         for b in budgets:
                             cfg = hf.LocksConfig(budget=b, selector=sel, **locks_kwargs)
