@@ -71,10 +71,15 @@ def cmd_generate(args) -> int:
         print(f"next-token agreement on the real continuation ({args.source}, {a.steps} steps, teacher-forced): "
               f"top-1 {a.top1_agreement:.3f}, mean KL {a.mean_kl:.4f} nats, max KL {a.max_kl:.3f}")
         result.update(top1_agreement=a.top1_agreement, mean_kl=a.mean_kl, steps=a.steps)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    _write_json(args.json, result)
     return 0
+
+
+def _write_json(path, obj) -> None:
+    """--json: the results as JSON (nothing without the option)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
 
 
 def cmd_capture(args) -> int:
@@ -89,10 +94,7 @@ def cmd_capture(args) -> int:
 def cmd_demo(args) -> int:
     from . import demo
 
-    r = demo.run(tokens=args.tokens, budget=args.budget, device=args.device)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=2)
+    _write_json(args.json, demo.run(tokens=args.tokens, budget=args.budget, device=args.device))
     return 0
 
 
@@ -128,11 +130,9 @@ def cmd_fidelity(args) -> int:
     print("| selector | budget | top-1 agreement | mean KL (nats) | max KL |\n|---|---|---|---|---|")
     for a in res:
         print(f"| {a.selector} | {a.budget} | {a.top1_agreement:.3f} | {a.mean_kl:.4f} | {a.max_kl:.3f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "source": args.source, "tokens": args.tokens, "steps": args.steps,
-                       "rows": [dict(selector=a.selector, budget=a.budget, top1=a.top1_agreement,
-                                     mean_kl=a.mean_kl, max_kl=a.max_kl) for a in res]}, f, indent=1)
+    _write_json(args.json, {"model": args.model, "source": args.source, "tokens": args.tokens, "steps": args.steps,
+                            "rows": [dict(selector=a.selector, budget=a.budget, top1=a.top1_agreement,
+                                          mean_kl=a.mean_kl, max_kl=a.max_kl) for a in res]})
     return 0
 
 
@@ -168,27 +168,27 @@ def main(argv=None) -> int:
     d.add_argument("--json", help="write the results here")
     d.set_defaults(fn=cmd_demo)
 
+    def per_selector(sp, budgets):
+        """The options of the studies that run every selector x budget on a model."""
+        sp.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
+        sp.add_argument("--device", default="cpu")
+        sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        sp.add_argument("--budgets", default=budgets)
+        sp.add_argument("--selectors", default="locks,oracle,quest")
+
     t = sub.add_parser("suite", help="the task suite: every task x length x selector x budget (locks_lab/suite.py)")
-    t.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
-    t.add_argument("--device", default="cpu")
-    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    per_selector(t, "64,256,1024")
     t.add_argument("--lengths", default="4000")
-    t.add_argument("--budgets", default="64,256,1024")
-    t.add_argument("--selectors", default="locks,oracle,quest")
     t.add_argument("--tasks", default="all")
     t.add_argument("--seeds", type=int, default=2)
     t.add_argument("--out", default="suite-out")
     t.set_defaults(fn=cmd_suite)
 
     fdl = sub.add_parser("fidelity", help="teacher-forced top-1 / KL vs FullKV, every selector x budget")
-    fdl.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
-    fdl.add_argument("--device", default="cpu")
-    fdl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    per_selector(fdl, "128,256,512,1024,2048")
     fdl.add_argument("--source", default="info", help="real text: info (GNU manuals), python, gpl3 (7.6K tokens), or a file")
     fdl.add_argument("--tokens", type=int, default=8000)
     fdl.add_argument("--steps", type=int, default=256)
-    fdl.add_argument("--budgets", default="128,256,512,1024,2048")
-    fdl.add_argument("--selectors", default="locks,oracle,quest")
     fdl.add_argument("--json")
     fdl.set_defaults(fn=cmd_fidelity)
 
