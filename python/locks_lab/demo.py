@@ -68,7 +68,7 @@ def run(tokens: int = 4000, budget: int = 512, new_tokens: int = 24, forced_step
         out(f"      generated tokens identical: {r.agreement:.0%}; K/V bytes read per decode step: "
             f"FullKV {dense_b / 2**20:.1f} MiB, LOCKS {locks_b / 2**20:.1f} MiB "
             f"({dense_b / locks_b:.1f}x fewer); decode {row['full_tok_s']:.1f} vs {row['locks_tok_s']:.1f} "
-            "tok/s (CPU, one sequence: compute-bound here, the bytes matter on a GPU)")
+            f"tok/s ({device}, one sequence)")
     out(f"[4/4] next-token fidelity: {forced_steps} steps of real text (GPL-3) after a {tokens}-token "
         "prefix, teacher-forced ...")
     ids = corpus.token_ids(tok, "gpl3", tokens + forced_steps).to(model.device)
