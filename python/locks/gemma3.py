@@ -110,11 +110,10 @@ def _write_json(path: str, obj) -> None:
 def global_layers(config) -> list[int]:
     """Indices of the full-attention layers of a hybrid config (every layer when it has no
     `layer_types`)."""
+    from .hf import layer_kinds  # the drop-in's per-layer choice: LOCKS on exactly these
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    types = getattr(text, "layer_types", None)
-    if not types:
-        return list(range(text.num_hidden_layers))
-    return [i for i, t in enumerate(types) if t == "full_attention"]
+    return [i for i, t in enumerate(layer_kinds(text)) if t == "full_attention"]
 
 
 def load_gemma3(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -30,6 +30,7 @@ layer type (linear attention, SSM, chunked attention), encoder-decoder models, b
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import warnings
@@ -319,6 +320,18 @@ class LocksCache(Cache):
                                  else DynamicSlidingWindowLayer(sliding_window=text.sliding_window)
                                  for kind in layer_kinds(text)])
         self.locks_config = cfg
+
+    def with_config(self, cfg: LocksConfig) -> "LocksCache":
+        """A copy of this (prefilled) cache whose LOCKS layers decode under cfg (another budget
+        or selector; the sliding-window layers are transformers' and keep theirs): one prefill,
+        many decodes (the lab's studies)."""
+        cfg.validate()
+        cache = copy.deepcopy(self)
+        cache.locks_config = cfg
+        for layer in cache.layers:
+            if isinstance(layer, LocksLayer):
+                layer.cfg = cfg
+        return cache
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         _ACTIVE["cache"], _ACTIVE["layer"] = self, layer_idx

@@ -193,14 +193,10 @@ def summary_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summaries, *,
     validate: ValueError for a block id outside [0, num_blocks) (one host sync; without it
     the CUDA build skips such ids, docs/bad_input.md)."""
     if validate and isinstance(block_ids, torch.Tensor) and isinstance(k_cache, torch.Tensor):
-        from .wrapper import _capturing, _first_bad
+        from .wrapper import validate_device_values
 
-        if not _capturing(block_ids):
-            nb = k_cache.shape[0]
-            ids = block_ids.to(torch.int64)
-            bad = (ids < 0) | (ids >= nb)
-            if bool(bad.any()):
-                raise _first_bad("block_ids", bad, block_ids, f"is outside [0, {nb})")
+        validate_device_values(None, None, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0],
+                               block_ids=block_ids)
     _ops.summary_build(k_cache, block_ids, list(summaries))
 
 

@@ -161,14 +161,16 @@ def _first_bad(name: str, bad: torch.Tensor, values: torch.Tensor, what: str) ->
 def validate_device_values(block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
                            num_blocks: int, pages: torch.Tensor | None = None,
                            counts: torch.Tensor | None = None, capacity: int | None = None,
-                           slot_mapping: torch.Tensor | None = None) -> None:
+                           slot_mapping: torch.Tensor | None = None,
+                           block_ids: torch.Tensor | None = None) -> None:
     """Eager check of the values the kernels read on the device (validate=True): seq_lens in
     [1, block_table.size(1) * page_size], the block ids of every used page (ceil(len / P)
     per sequence) in [0, num_blocks), counts in [0, capacity], the first counts entries of
-    pages in [0, pages of that sequence), slot_mapping -1 or in [0, num_blocks * P). Torch
+    pages in [0, pages of that sequence), slot_mapping -1 or in [0, num_blocks * P), the
+    block_ids of a bulk summary build in [0, num_blocks). Torch
     ops and one host sync; ValueError naming the tensor and the first bad index. A no-op
     while the current CUDA stream is capturing a graph (a sync is illegal there)."""
-    if _capturing(block_table, seq_lens, pages, counts, slot_mapping):
+    if _capturing(block_table, seq_lens, pages, counts, slot_mapping, block_ids):
         return
     checks = []  # (name, bad mask, values, what)
     if block_table is not None and seq_lens is not None:
@@ -196,6 +198,10 @@ def validate_device_values(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         sm = slot_mapping.to(torch.int64)
         checks.append(("slot_mapping", (sm < -1) | (sm >= num_blocks * page_size), slot_mapping,
                        f"is neither -1 nor in [0, {num_blocks * page_size})"))
+    if block_ids is not None:
+        ids = block_ids.to(torch.int64)
+        checks.append(("block_ids", (ids < 0) | (ids >= num_blocks), block_ids,
+                       f"is outside [0, {num_blocks})"))
     if not checks:
         return
     flags = torch.stack([c[1].any() for c in checks]).tolist()  # the one sync

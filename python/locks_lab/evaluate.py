@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -75,12 +74,7 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
         base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
         model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: base})
         for sel, b in [(sel, b) for sel in selectors for b in budgets]:
-            cache = copy.deepcopy(base)
-            cfg = hf.LocksConfig(budget=b, selector=sel, **locks_kwargs)
-            cfg.validate()
-            for layer in cache.layers:
-                if isinstance(layer, hf.LocksLayer):  # hybrid models: sliding layers are transformers'
-                    layer.cfg = cfg
+            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, **locks_kwargs))
             got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True)
             kls = [float(F.kl_div(g, r, log_target=True, reduction="sum")) / r.shape[0]
                    for g, r in zip(got, ref)]

@@ -12,7 +12,6 @@ prefill. Writes suite.json (one row per generation), table.md (mean score per ta
 method x budget, FullKV beside) and, with gnuplot, accuracy.png."""
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
@@ -64,12 +63,7 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
                     model(input_ids=ids[:, :-1], use_cache=True, logits_to_keep=1, **{hf.cache_kwarg(model): base})
                     for sel in selectors:
                         for b in budgets:
-                            cfg = hf.LocksConfig(budget=b, selector=sel, **locks_kwargs)
-                            cfg.validate()
-                            cache = copy.deepcopy(base)
-                            for layer in cache.layers:
-                                if isinstance(layer, hf.LocksLayer):
-                                    layer.cfg = cfg
+                            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, **locks_kwargs))
                             out = tok.decode(_generate(model, ids, cache, new_tokens, pad_id), skip_special_tokens=True)
                             rows.append(dict(task=name, length=n, prompt_tokens=ids.shape[1], seed=seed, method=sel,
                                              budget=b, score=task.score(out), output=out, answers=task.answers,

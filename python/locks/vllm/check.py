@@ -168,8 +168,8 @@ def smoke(args) -> int:
             if lk is None or fa is None:
                 ok = False
                 continue
-            same = [a == b for a, b in zip(fa["runs"][0]["tokens"], lk["runs"][0]["tokens"])]
-            print(f"SMOKE runner V{2 if runner == '1' else 1} budget {budget}: {sum(same)}/4 sequences identical to "
+            same = compare_greedy(fa["runs"][0], lk["runs"][0])["identical"]
+            print(f"SMOKE runner V{2 if runner == '1' else 1} budget {budget}: {same}/4 sequences identical to "
                   f"FLASH_ATTN; startup {lk['startup_s']:.0f}s; {lk['runs'][0]['seconds']:.2f}s", flush=True)
     print("VLLM SMOKE", "PASS" if ok else "FAIL")
     return 0 if ok else 1
