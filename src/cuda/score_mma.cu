@@ -3,13 +3,14 @@
 // One block of 4 warps per (chunk of 32-128 pages, KV head [x head slice], sequence), so the
 // grid depends on the plan only; pages past the sequence get -inf. The three per-page
 // products run as mma.sync m16n8k16 (fp16 in, fp32 accumulate): the int8/int4 codes are
-// exact in fp16; the query (and the projected query) is split into fp16 hi + lo columns, so
-// the products keep about 22 bits: as accurate as fp32 CUDA-core code. Products:
-// [2 pages x 8 basis rows] x [d x 2G] (V q), [(G heads x hi/lo) x 2 halves of d] x [d/2 x
-// (4 pages x 2 halves)] (q.mu; G <= 4 at d <= 128, or d 64; else [16 pages] x [d x 2G]),
-// [(16 / G pages) x G heads] x [(8 hi; 8 lo) x 16 keys] (the per-key logits, transposed so
-// that each head's 16 keys sum within a lane quad). G here is a block's head slice: at
-// most 16 heads (4 at d 256), wider groups take several blocks per page chunk.
+// exact in fp16. The query (and the projected query) is either split into fp16 hi + lo
+// columns (about 22 bits; G <= 4, and d 256) or rounded once to fp16 (G 5-16 at d 64/128,
+// where the hi/lo doubling made the kernel issue-bound; see score_mma's HL parameter).
+// Products: [2 pages x 8 basis rows] x [d x G columns] (V q), [query rows x 2 halves of d] x
+// [d/2 x (4 pages x 2 halves)] (q.mu; hi/lo at G > 4, d 128 or d 256: [16 pages] x [d x 2G]),
+// [(16 / G pages) x G heads] x [K x 16 keys] (the per-key logits, transposed so that each
+// head's 16 keys sum within a lane quad). G here is a block's head slice: at most 16 heads
+// (4 at d 256), wider groups take several blocks per page chunk.
 #include <algorithm>
 #include <cstdint>
 
@@ -101,15 +102,25 @@ struct StageLoader {
   }
 };
 
-// D = head_dim, NT1 = n-tiles of 8 columns (4 heads x {hi, lo}) in the V q product.
-// Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages of
-// kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
+// Query precision of a kernel instance. HL (hi + lo): the query and the projected query enter
+// the fp16 tensor cores as hi + lo halves (about 22 bits), two n-tile columns per head, 4 heads
+// an n-tile: G <= 4, and every group at d 256. Rounded once (HL false, G 5-16 at d 64/128):
+// one fp16 column per head, 8 heads an n-tile. The summaries' int4 basis codes carry a
+// quantization step of 1/7 of a row's largest entry, so the query's 2^-11 rounding is far
+// below the summary's own error, and it halves the tensor-core work where it dominates (V q
+// is 8 d G products a page: at G 16 the hi/lo kernel was issue-bound at 26% of the read
+// ceiling). The error bound of either mode is tests/cuda/backend_cuda.cpp's u_score.
+//
+// D = head_dim, NT1 = n-tiles of 8 columns in the V q product (4 heads x {hi, lo}, or 8
+// heads). Block: 4 warps; warp w scores pages [w*32, w*32+32) of the 128-page chunk in stages
+// of kSP pages, two stages in flight (cp.async), so the loads of the next pages overlap the
 // tensor-core work on the current ones.
-// Blocks per SM that shared memory leaves room for at d 128 (6, 5, 4 for G <= 4, 8, 16;
-// d 256, 4 heads: 4 blocks of 55 KB); registers are capped to match, so they never lower
-// the occupancy further.
-template <int D, int NT1>
+// Blocks per SM that shared memory leaves room for (hi/lo at d 128: 6, 5, 4 for G <= 4, 8, 16;
+// d 256, 4 heads: 4 blocks of 55 KB; rounded once: 6 at G <= 8, 5 at G <= 16); registers are
+// capped to match, so they never lower the occupancy further.
+template <int D, int NT1, bool HL>
 constexpr int score_min_blocks() {
+  if constexpr (!HL) return NT1 == 1 ? 6 : 4;  // 5 at G 16 spills (measured: no gain)
   return D == 256 ? 4 : NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
@@ -119,22 +130,27 @@ constexpr int score_min_blocks() {
 // s taking heads [s gw, min(G, (s + 1) gw)) (gw <= GMAX), so groups wider than one
 // block's query fragments (G > 16; G > 4 at d 256) read each summary n_sl times, from L2
 // for all but the first: blockIdx.x = KV head * n_sl + slice keeps a page's slices adjacent.
-template <int D, int NT1, int CP>
-__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
+template <int D, int NT1, int CP, bool HL>
+__global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
               float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
-  constexpr int KS = D / 16;  // k-steps over the head dim
-  constexpr int R = 8;        // rank
-  constexpr int GMAX = 4 * NT1;
+  constexpr int KS = D / 16;       // k-steps over the head dim
+  constexpr int R = 8;             // rank
+  constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
+  constexpr int GMAX = HPT * NT1;
   constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 16 or 8
   constexpr int n_st = ppw / kSP;      // stages of the warp
-  // Transposed q.mu (see (a)) where its 16 NT1 extra registers fit under the cap (not at
-  // d 256, whose V q operands alone take 96 registers).
-  constexpr bool kMuT = (NT1 == 1 && D <= 128) || D == 64;
-  __shared__ float qs[GMAX][D + 4];
+  // Transposed q.mu (see (a)) where its extra query registers fit under the cap (hi/lo: not
+  // at d 256, whose V q operands alone take 96 registers).
+  constexpr bool kMuT = !HL || (NT1 == 1 && D <= 128) || D == 64;
+  // The query rows (read once, to build the fragments) share their shared memory with the
+  // chunk's scores (written from the stage loop on, after a barrier).
+  constexpr int kQsc = GMAX * (D + 4) > GMAX * kScoreChunk ? GMAX * (D + 4) : GMAX * kScoreChunk;
+  __shared__ float qsc[kQsc];
+  float(*qs)[D + 4] = reinterpret_cast<float(*)[D + 4]>(qsc);
+  float* sc = qsc;
   __shared__ float unscale[GMAX];
-  __shared__ float sc[GMAX * kScoreChunk];
   __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
   // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
   __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
@@ -184,12 +200,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
   }
   __syncthreads();
 
-  // B fragments of the query: column n = gid of n-tile nt is head nt*4 + gid/2, hi or lo.
+  // B fragments of the query: column n = gid of n-tile nt is head nt*4 + gid/2, hi or lo
+  // (HL), or head nt*8 + gid.
   uint32_t bq[NT1][KS][2];
 #pragma unroll
   for (int nt = 0; nt < NT1; ++nt) {
-    const int g = nt * 4 + (gid >> 1);
-    const bool lo = gid & 1;
+    const int g = HL ? nt * 4 + (gid >> 1) : nt * 8 + gid;
+    const bool lo = HL && (gid & 1);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
 #pragma unroll
@@ -203,14 +220,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
     }
   }
 
-  // A fragments of the query for q.mu: m-tile mt holds heads 4 mt .. 4 mt + 3; row gid is
-  // head 4 mt + gid / 2 (hi or lo) over dims [0, d/2), row gid + 8 the same over [d/2, d).
-  // The dims of a k-step match the centroid chunk a lane converts (see (a)).
+  // A fragments of the query for q.mu: m-tile mt holds heads 4 mt .. 4 mt + 3 (HL; row gid is
+  // head 4 mt + gid / 2, hi or lo) or 8 mt .. 8 mt + 7 (row gid is head 8 mt + gid), over
+  // dims [0, d/2); row gid + 8 the same over [d/2, d). The dims of a k-step match the
+  // centroid chunk a lane converts (see (a)).
   uint32_t aq[kMuT ? NT1 : 1][KS / 2][4];
 #pragma unroll
   for (int mt_ = 0; mt_ < (kMuT ? NT1 : 0); ++mt_) {
-    const int g = mt_ * 4 + (gid >> 1);
-    const bool lo = gid & 1;
+    const int g = HL ? mt_ * 4 + (gid >> 1) : mt_ * 8 + gid;
+    const bool lo = HL && (gid & 1);
 #pragma unroll
     for (int k = 0; k < KS / 2; ++k)
 #pragma unroll
@@ -224,6 +242,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
           aq[mt_][k][2 * x + r] = MmaH::pack(e0, e1);
         }
   }
+  __syncthreads();  // every warp has its query fragments: qs is the scores' memory from here
 
   for (int s = 0; s < n_st; ++s) {
     const int j0 = jw + kSP * s;
@@ -237,8 +256,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
     const Stage<D>& st = my[s & 1];
     if constexpr (kMuT) {  // (a) q.mu for the stage's pages, transposed so that no mma row is
                            // padding: A rows are
-      // (head, hi/lo) of the query over the first (rows gid) or second (rows gid + 8) half of
-      // the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
+      // (head [, hi/lo]) of the query over the first (rows gid) or second (rows gid + 8) half
+      // of the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
       // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
       {
         uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 16-byte (d 128) or 8-byte chunks
@@ -268,13 +287,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
             MmaH::run(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
                       rb[2 * k + 1]);
           float v = acc[0] + acc[3];
-          v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
-          const int g = mt_ * 4 + (gid >> 1);
-          if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+          if constexpr (HL) {
+            v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
+            const int g = mt_ * 4 + (gid >> 1);
+            if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+          } else {
+            const int g = mt_ * 8 + gid;
+            mt[warp][tig][g] = v * ms * unscale[g];
+          }
         }
       }
     } else {  // (a') q.mu with the centroids as A rows gid < kSP (the other rows are zero);
-      // no extra registers for the query fragments
+      // no extra registers for the query fragments (HL only)
       uint32_t ra[KS * 2];
       const bool row_ok = gid < kSP;
       const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
@@ -302,59 +326,75 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
     }
     __syncwarp();
 
-    // (b) V q for the pairs of pages of the stage on the tensor cores.
+    // (b) V q for the pairs of pages of the stage on the tensor cores: A rows gid are basis row
+    // gid of page p, rows gid + 8 that of page p + 1. The codes are converted one word (two
+    // k-steps) at a time, inside the k loop, so that few A registers are live at once.
 #pragma unroll
     for (int p = 0; p < kSP; p += 2) {
-      uint32_t ra[2][KS * 2];
+      uint32_t w[2][D / 32];
       float wsc[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
-        uint32_t w[D / 32];
         if constexpr (D == 256) {
           const uint4 u = reinterpret_cast<const uint4*>(src)[0];
           const uint4 u2 = reinterpret_cast<const uint4*>(src)[1];
-          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-          w[4] = u2.x, w[5] = u2.y, w[6] = u2.z, w[7] = u2.w;
+          w[x][0] = u.x, w[x][1] = u.y, w[x][2] = u.z, w[x][3] = u.w;
+          w[x][4] = u2.x, w[x][5] = u2.y, w[x][6] = u2.z, w[x][7] = u2.w;
         } else if constexpr (D == 128) {
           const uint4 u = *reinterpret_cast<const uint4*>(src);
-          w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+          w[x][0] = u.x, w[x][1] = u.y, w[x][2] = u.z, w[x][3] = u.w;
         } else {
           const uint2 u = *reinterpret_cast<const uint2*>(src);
-          w[0] = u.x, w[1] = u.y;
+          w[x][0] = u.x, w[x][1] = u.y;
         }
         wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
+      }
+      float acc[NT1][4];
 #pragma unroll
-        for (int v = 0; v < D / 32; ++v) {
-          uint32_t o[4];
-          int4x8_to_half2(w[v], o);
+      for (int nt = 0; nt < NT1; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
-          for (int m = 0; m < 4; ++m) ra[x][4 * v + m] = o[m];
-        }
+      for (int v = 0; v < D / 32; ++v) {
+        uint32_t o0[4], o1[4];
+        int4x8_to_half2(w[0][v], o0);
+        int4x8_to_half2(w[1][v], o1);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+          for (int nt = 0; nt < NT1; ++nt)
+            MmaH::run(acc[nt], o0[2 * kk], o1[2 * kk], o0[2 * kk + 1], o1[2 * kk + 1],
+                      bq[nt][2 * v + kk][0], bq[nt][2 * v + kk][1]);
       }
 #pragma unroll
       for (int nt = 0; nt < NT1; ++nt) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int k = 0; k < KS; ++k)
-          MmaH::run(acc, ra[0][2 * k], ra[1][2 * k], ra[0][2 * k + 1], ra[1][2 * k + 1],
-                    bq[nt][k][0], bq[nt][k][1]);
-        const int g = nt * 4 + tig;
-        wy[warp][(p * GMAX + g) * R + gid] = (acc[0] + acc[1]) * wsc[0] * unscale[g];
-        wy[warp][((p + 1) * GMAX + g) * R + gid] = (acc[2] + acc[3]) * wsc[1] * unscale[g];
+        if constexpr (HL) {  // columns 2 tig, 2 tig + 1: hi and lo of head nt*4 + tig
+          const int g = nt * 4 + tig;
+          wy[warp][(p * GMAX + g) * R + gid] = (acc[nt][0] + acc[nt][1]) * wsc[0] * unscale[g];
+          wy[warp][((p + 1) * GMAX + g) * R + gid] =
+              (acc[nt][2] + acc[nt][3]) * wsc[1] * unscale[g];
+        } else {  // columns 2 tig, 2 tig + 1: heads nt*8 + 2 tig and the next
+          const int g = nt * 8 + 2 * tig;
+          wy[warp][(p * GMAX + g) * R + gid] = acc[nt][0] * wsc[0] * unscale[g];
+          wy[warp][(p * GMAX + g + 1) * R + gid] = acc[nt][1] * wsc[0] * unscale[g + 1];
+          wy[warp][((p + 1) * GMAX + g) * R + gid] = acc[nt][2] * wsc[1] * unscale[g];
+          wy[warp][((p + 1) * GMAX + g + 1) * R + gid] = acc[nt][3] * wsc[1] * unscale[g + 1];
+        }
       }
     }
     __syncwarp();
     // (c) per-key logits and each page's log-sum-exp, transposed: an M-tile's 16 rows are
-    // (page, head) pairs of PM = 16 / GMAX pages, its columns the 16 keys (two n-tiles), and
-    // K = the page's (8 hi; 8 lo) halves of the projected query (block-diagonal over the
-    // tile's pages: k-step kk holds page kk). Every accumulator is a useful logit, and a row's
-    // 16 keys lie in one lane quad: 4 exps, 2 shuffles. The projected query w = (V q)_k *
-    // scales stays far inside fp16's range for any sane logit scale.
+    // (page, head) pairs of PM = 16 / GMAX pages, its columns the 16 keys (two n-tiles). K:
+    // HL: the page's (8 hi; 8 lo) halves of the projected query, block-diagonal over the
+    // tile's pages (k-step kk holds page kk); rounded once: two pages' projected queries
+    // (k-step kk holds pages 2 kk and 2 kk + 1, one in each half of K). Every accumulator is
+    // a useful logit, and a row's 16 keys lie in one lane quad: 4 exps, 2 shuffles. The
+    // projected query w = (V q)_k * scales stays far inside fp16's range for any sane logit
+    // scale.
     {
       constexpr int PM = 16 / GMAX, NMT = kSP / PM;
-      // B: coefficients of key 8 nt + gid, codes 2 tig, 2 tig + 1 (the hi and lo halves of K
-      // multiply the same codes, so b1 = b0).
+      constexpr int KSTEPS = HL ? PM : (PM + 1) / 2;
+      // B: coefficients of key 8 nt + gid, codes 2 tig, 2 tig + 1 (HL: the hi and lo halves of
+      // K multiply the same codes, so b1 = b0).
       uint32_t bc[kSP][2];
 #pragma unroll
       for (int p = 0; p < kSP; ++p)
@@ -371,17 +411,33 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1>())
         const float2 wB =
             *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plB) * GMAX + gB) * R + 2 * tig]);
         uint32_t hiA, loA, hiB, loB;
-        split_half2(wA.x, wA.y, hiA, loA);
-        split_half2(wB.x, wB.y, hiB, loB);
+        if constexpr (HL) {
+          split_half2(wA.x, wA.y, hiA, loA);
+          split_half2(wB.x, wB.y, hiB, loB);
+        } else {
+          hiA = MmaH::pack(wA.x, wA.y);
+          hiB = MmaH::pack(wB.x, wB.y);
+          loA = loB = 0u;
+        }
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int kk = 0; kk < PM; ++kk) {
-          const bool onA = plA == kk, onB = plB == kk;
-          const uint32_t a0 = onA ? hiA : 0u, a2 = onA ? loA : 0u;
-          const uint32_t a1 = onB ? hiB : 0u, a3 = onB ? loB : 0u;
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+          if constexpr (HL) {
+            const bool onA = plA == kk, onB = plB == kk;
+            const uint32_t a0 = onA ? hiA : 0u, a2 = onA ? loA : 0u;
+            const uint32_t a1 = onB ? hiB : 0u, a3 = onB ? loB : 0u;
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-            MmaH::run(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
+            for (int nt = 0; nt < 2; ++nt)
+              MmaH::run(acc[nt], a0, a1, a2, a3, bc[t * PM + kk][nt], bc[t * PM + kk][nt]);
+          } else {
+            const int pa = 2 * kk, pb = 2 * kk + 1;  // pages of the K halves (pb < PM or none)
+            const uint32_t a0 = plA == pa ? hiA : 0u, a2 = plA == pb ? hiA : 0u;
+            const uint32_t a1 = plB == pa ? hiB : 0u, a3 = plB == pb ? hiB : 0u;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+              MmaH::run(acc[nt], a0, a1, a2, a3, bc[t * PM + pa][nt],
+                        bc[t * PM + (pb < PM ? pb : pa)][nt]);
+          }
         }
         // log2-sum-exp over the 16 keys of each row (rows gid: acc[.][0..1], gid + 8:
         // acc[.][2..3]; the quad's lanes hold the other keys). The coefficients of a page sum
@@ -444,7 +500,7 @@ HeadSlices mma_slices(int d, int group) {
   return {n, ceil_div(group, n)};
 }
 
-template <int D, int NT1, int CP>
+template <int D, int NT1, int CP, bool HL>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                 float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
@@ -453,49 +509,50 @@ void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, in
   // head across far pages.
   const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
-  score_mma<D, NT1, CP><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
+  score_mma<D, NT1, CP, HL><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
       batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
 }
 
-template <int D, int NT1>
+template <int D, int NT1, bool HL>
 void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                    float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
                    cudaStream_t st) {
   if (cp == 128)
-    launch_mma<D, NT1, 128>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 128, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else if (cp == 64)
-    launch_mma<D, NT1, 64>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 64, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else
-    launch_mma<D, NT1, 32>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 32, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
 }
 
-// NT1 (n-tiles of 4 heads) from the slice width: 1, 2 or 4 (d 256: 1).
+// The instance for a slice width: hi/lo with one n-tile of 4 heads (width <= 4, and d 256),
+// else the query rounded once with n-tiles of 8 heads (1 for width <= 8, 2 for <= 16).
 template <int D>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                   float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
   const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
   if constexpr (D == 256) {
-    launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    launch_mma_cp<D, 1, true>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
   } else {
     if (hsl.width <= 4)
-      launch_mma_cp<D, 1>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, true>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
     else if (hsl.width <= 8)
-      launch_mma_cp<D, 2>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, false>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
     else
-      launch_mma_cp<D, 4>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 2, false>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
   }
 }
 
 template <int D, int CP = 128>
 const void* mma_kernel(int group) {
   if constexpr (D == 256) {
-    return (const void*)score_mma<D, 1, CP>;
+    return (const void*)score_mma<D, 1, CP, true>;
   } else {
     const int w = mma_slices(D, group).width;
-    return w <= 4   ? (const void*)score_mma<D, 1, CP>
-           : w <= 8 ? (const void*)score_mma<D, 2, CP>
-                    : (const void*)score_mma<D, 4, CP>;
+    return w <= 4   ? (const void*)score_mma<D, 1, CP, true>
+           : w <= 8 ? (const void*)score_mma<D, 1, CP, false>
+                    : (const void*)score_mma<D, 2, CP, false>;
   }
 }
 

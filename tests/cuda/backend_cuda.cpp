@@ -3,27 +3,11 @@
 #include <cuda_runtime_api.h>
 
 #include "backend.h"
+#include "cuda_arith.h"
 #include "locks/cuda/check.h"
 
 namespace locks::test {
 namespace {
-
-// Rounding of the CUDA kernels beyond float32, from their design (src/cuda/score.cu and
-// attention.cu headers):
-//   scoring: the query enters the fp16 tensor cores as hi + lo halves (about 22 bits; the
-//     int4/int8 codes are exact); fp16 subnormals in the lo half cost up to 2^-17 relative
-//     for small query entries: 2^-14 allowed on each product term (|error| <= u A);
-//   aggregation: __expf / __logf, within ~100 ulp for the log-domain shares: 1e-5 absolute;
-//   attention: the query as two 16-bit halves (hi + lo): 2^-15 (same subnormal margin);
-//     softmax weights rounded to the cache's 16-bit type for P V: 2^-8 (bf16), 2^-11 (f16).
-ArithModel cuda_arith(DType kv) {
-  ArithModel m;
-  m.u_score = 1.0 / 16384;
-  m.agg_abs = 1e-5;
-  m.u_query = 1.0 / 32768;
-  m.u_weight = kv == DType::f16 ? 1.0 / 2048 : 1.0 / 256;
-  return m;
-}
 
 class CudaBackend final : public OpsBackend {
  public:

@@ -10,10 +10,12 @@
 #include <random>
 #include <set>
 
+#include "cuda_arith.h"
 #include "gpu_helpers.h"
 #include "locks/cuda/decoder.h"
 #include "locks/error.h"
 #include "locks/reference.h"
+#include "test_compare.h"
 
 namespace locks::cuda_test {
 namespace {
@@ -71,16 +73,26 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   std::vector<double> ref_hs(hs.size());
   const SummaryView hv = store.view();
   ref::score_pages(hv, hb, hq, scale, ref_hs.data());
+  // Within the derived bound of test_compare.h under the CUDA kernels' rounding model.
+  const test::ArithModel am = test::cuda_arith(c.dtype);
   double worst = 0;
+  std::vector<double> stol(hs.size(), 0.0);  // each score's bound (step 5's near-tie test)
   for (size_t i = 0; i < hs.size(); ++i) {
     if (std::isinf(ref_hs[i])) {
       ASSERT_TRUE(std::isinf(hs[i]) && hs[i] < 0) << "score " << i << " = " << hs[i];
     } else {
       ASSERT_TRUE(std::isfinite(hs[i])) << "score " << i;
+      const int bh = int(i / size_t(M)), j = int(i % size_t(M)), b = bh / Hq, hq = bh % Hq;
+      const int32_t blk = hb.block_table[int64_t(b) * hb.block_table_stride + j];
+      const double A = test::logit_magnitude(hv, blk, hq / c.G, q.data() + size_t(bh) * d, scale);
+      const double tol = (2 * (d + r) * test::kEps32 + am.u_score) * A +
+                         8 * test::kEps32 * (std::fabs(ref_hs[i]) + P);
+      ASSERT_NEAR(hs[i], ref_hs[i], tol) << "score " << i;
+      stol[i] = tol;
       worst = std::max(worst, std::fabs(hs[i] - ref_hs[i]) / std::max(1.0, std::fabs(ref_hs[i])));
     }
   }
-  EXPECT_LT(worst, 1e-4) << "worst relative score error";
+  RecordProperty("worst_relative_score_error", std::to_string(worst));
 
   // 2. aggregation vs cpu on the GPU's head scores.
   dec.aggregate(db, nullptr);
@@ -182,11 +194,20 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
     for (int j : e)
       if (!a.count(j)) only_cpu.push_back(cg[size_t(row) * M + j]);
     ASSERT_EQ(only_gpu.size(), only_cpu.size());
+    // Two pages swap places only when their group scores lie within both scores' errors: the
+    // largest head-score bound of the row, twice, plus the aggregation's.
+    double row_tol = 1e-5;
+    const int b = row / c.Hkv, kvh = row % c.Hkv;
+    for (int g = 0; g < c.G; ++g)
+      for (int j = 0; j < M; ++j)
+        row_tol = std::max(row_tol, stol[(size_t(b) * Hq + size_t(kvh) * c.G + g) * M + j]);
+    row_tol = 2 * row_tol + 2 * am.agg_abs;
     std::sort(only_gpu.begin(), only_gpu.end());
     std::sort(only_cpu.begin(), only_cpu.end());
     for (size_t i = 0; i < only_gpu.size(); ++i) {
       ++differing;
-      EXPECT_NEAR(only_gpu[i], only_cpu[i], 1e-3 * std::max(1.0f, std::fabs(only_cpu[i])))
+      EXPECT_NEAR(only_gpu[i], only_cpu[i],
+                  std::max(row_tol, 1e-3 * std::max(1.0, std::fabs(double(only_cpu[i])))))
           << "row " << row << ": pages chosen differently are not a near-tie";
     }
   }
