@@ -23,7 +23,10 @@ namespace locks::ref {
 struct PageSummary64 {
   std::vector<double> mu, basis, coeff, sigma;
 };
-PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int head, int rank);
+// qweight: the query weights [num_kv_heads, head_dim] of query-weighted summaries (summary.h),
+// or nullptr; basis and coefficients are then those of the weighted deviations.
+PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int head, int rank,
+                                 const float* qweight = nullptr);
 
 // Estimated log page mass from a summary view (either precision), float64 arithmetic.
 double score_page(const SummaryView& s, int32_t block, int head, const float* q, float scale);
@@ -56,9 +59,10 @@ struct BlockSummary64 {
   PageSummary64 summary;
 };
 std::vector<BlockSummary64> summary_build_filled(const KvCacheView& cache, const BatchView& batch,
-                                                 int appended, int rank);
+                                                 int appended, int rank,
+                                                 const float* qweight = nullptr);
 std::vector<BlockSummary64> summary_build_slots(const KvCacheView& cache,
                                                 const int32_t* slot_mapping, int64_t n_slots,
-                                                int rank);
+                                                int rank, const float* qweight = nullptr);
 
 }  // namespace locks::ref

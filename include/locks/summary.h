@@ -17,6 +17,11 @@
 //     coeff_q     int8  [num_blocks, H, P, r]       coeff ~= coeff_q * coeff_scale[k]
 //     coeff_scale float [num_blocks, H, r]          = max_i |coeff[i][k]| / 127
 // Quantization is symmetric round-to-nearest; a zero range gives scale 0 and codes 0.
+// Query-weighted summaries (optional, SummaryView::qweight; docs/method.md): with per-channel
+// weights w > 0 of each KV head, the basis and coefficients are those of the weighted
+// deviations (k_i - mu) * w (elementwise), so that the rank-r fit is best where the queries
+// have their energy; mu stays unweighted. A score then reads q.mu + sum_k c_ik (basis_k . q / w)
+// and a key's reconstruction is mu + (sum_k c_ik basis_k) / w. w = 1 is the plain summary.
 // The singular vectors' signs are whatever the solver returns; scores do not depend
 // on them, so backends are compared on scores and reconstructions, not on raw bases.
 // Only full pages have summaries; the partial tail page of a sequence has none.
@@ -66,7 +71,22 @@ struct SummaryView {
   float* basis_scale = nullptr;
   int8_t* coeff_q = nullptr;
   float* coeff_scale = nullptr;
+  // Query weights [num_kv_heads, head_dim] (same memory space as the summaries), finite and
+  // > 0, or nullptr for the plain summaries (w = 1). Builds and scores of one set of
+  // summaries must use the same weights.
+  const float* qweight = nullptr;
 };
+
+// Throws locks::InvalidArgument unless the host array qweight [num_kv_heads, head_dim] is
+// finite and > 0 everywhere (CUDA callers check their device weights before the copy or
+// with the Python layer's validate=True).
+void validate_qweight(const float* qweight, int num_kv_heads, int head_dim);
+// Per-channel query weights from observed queries q [n, num_q_heads, head_dim] (e.g. the
+// last prompt queries): w = sqrt(max(mean q^2, floor * mean over channels of mean q^2)) per
+// KV head over its group's query heads; floor 1e-2 keeps channels that no observed query
+// used from vanishing. Host arrays, out [num_kv_heads, head_dim].
+void qweight_from_queries(const float* q, int64_t n, int num_q_heads, int num_kv_heads,
+                          int head_dim, float* out, double floor = 1e-2);
 
 // Owning host storage for the summaries of a whole cache.
 class SummaryStore {

@@ -33,6 +33,7 @@ struct Scratch {
   float* qmu;     // [G]
   float* logits;  // [P]
   float* ct;      // [r * P]
+  float* qw;      // [G * d]: the group's queries divided by the query weights (if any)
 };
 
 // ct[k * P + i] = float(coeff[i * r + k]): the page's coefficients transposed once per page
@@ -59,8 +60,8 @@ inline float page_lse(float qmu, const float* proj, const float* ct, int P, int 
 
 // One page's scores for the G query heads of its KV head; dst[h * M] receives head h.
 LOCKS_SIMD_CLONES
-void score_fp32(const SummaryView& S, int64_t bh, const float* qg, int G, float scale, float* dst,
-                int M, const Scratch& w) {
+void score_fp32(const SummaryView& S, int64_t bh, const float* qg, const float* qwg, int G,
+                float scale, float* dst, int M, const Scratch& w) {
   const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
   const float* mu = S.mu + bh * d;
   const float* basis = S.basis + bh * r * d;
@@ -68,7 +69,8 @@ void score_fp32(const SummaryView& S, int64_t bh, const float* qg, int G, float 
   for (int h = 0; h < G; ++h) {
     const float* qh = qg + int64_t(h) * d;
     const float qmu = detail::dot(qh, mu, d);
-    for (int k = 0; k < r; ++k) w.proj[k] = detail::dot(qh, basis + int64_t(k) * d, d);
+    const float* qwh = qwg + int64_t(h) * d;  // q / w for the (weighted) basis
+    for (int k = 0; k < r; ++k) w.proj[k] = detail::dot(qwh, basis + int64_t(k) * d, d);
     dst[int64_t(h) * M] = page_lse(qmu, w.proj, w.ct, P, r, scale, w.logits);
   }
 }
@@ -77,8 +79,8 @@ void score_fp32(const SummaryView& S, int64_t bh, const float* qg, int G, float 
 // (q . basis_q_k), c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row at a
 // time (int4 unpacked into w.row); the summary is never dequantized as a whole.
 LOCKS_SIMD_CLONES
-void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float scale, float* dst,
-                 int M, const Scratch& w) {
+void score_quant(const SummaryView& S, int64_t bh, const float* qg, const float* qwg, int G,
+                 float scale, float* dst, int M, const Scratch& w) {
   const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
   const int8_t* mu_q = S.mu_q + bh * d;
   const uint8_t* basis_q = S.basis_q + bh * r * (d / 2);
@@ -95,7 +97,7 @@ void score_quant(const SummaryView& S, int64_t bh, const float* qg, int G, float
       w.row[2 * e + 1] = float(static_cast<int8_t>(codes[e]) >> 4);
     }
     const float s = basis_scale[k] * coeff_scale[k];
-    for (int h = 0; h < G; ++h) w.proj[h * r + k] = s * detail::dot(qg + int64_t(h) * d, w.row, d);
+    for (int h = 0; h < G; ++h) w.proj[h * r + k] = s * detail::dot(qwg + int64_t(h) * d, w.row, d);
   }
   for (int h = 0; h < G; ++h)
     dst[int64_t(h) * M] = page_lse(w.qmu[h], w.proj + h * r, w.ct, P, r, scale, w.logits);
@@ -116,7 +118,7 @@ size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
   using detail::carve_bytes;
   return carve_bytes<float>(size_t(d)) + carve_bytes<float>(size_t(G) * r) +
          carve_bytes<float>(size_t(G)) + carve_bytes<float>(size_t(P)) +
-         carve_bytes<float>(size_t(r) * P);
+         carve_bytes<float>(size_t(r) * P) + carve_bytes<float>(size_t(G) * d);
 }
 
 void impl::score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
@@ -136,6 +138,7 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
     LOCKS_REQUIRE(summaries.mu && summaries.basis && summaries.coeff,
                   "fp32 summary arrays are null");
   }
+  validate_qweight(summaries.qweight, sl.num_kv_heads, sl.head_dim);
 
   const int P = sl.page_size, Hkv = sl.num_kv_heads, d = sl.head_dim, r = sl.rank;
   const int Hq = q.num_q_heads, G = Hq / Hkv;
@@ -148,9 +151,9 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
 #pragma omp parallel num_threads(sc.threads) if (items * G >= 256)
   {
     detail::Carver c(sc.slice(omp_get_thread_num()));
-    const Scratch w{c.take<float>(size_t(d)), c.take<float>(size_t(G) * r),
-                    c.take<float>(size_t(G)), c.take<float>(size_t(P)),
-                    c.take<float>(size_t(r) * P)};
+    const Scratch w{c.take<float>(size_t(d)),     c.take<float>(size_t(G) * r),
+                    c.take<float>(size_t(G)),     c.take<float>(size_t(P)),
+                    c.take<float>(size_t(r) * P), c.take<float>(size_t(G) * d)};
     // Dynamic chunks: a thread that the OS deschedules (a shared machine) does not hold
     // the others at the barrier; results do not depend on which thread scores an item.
 #pragma omp for schedule(dynamic, 64)
@@ -169,10 +172,17 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
       const int32_t block = batch.block_table[int64_t(b) * batch.block_table_stride + j];
       const int64_t bh = int64_t(block) * Hkv + g;
       const float* qg = q.q + (int64_t(b) * Hq + int64_t(g) * G) * d;
+      const float* qwg = qg;
+      if (summaries.qweight) {  // query-weighted summaries: the basis multiplies q / w
+        const float* wg = summaries.qweight + int64_t(g) * d;
+        for (int h = 0; h < G; ++h)
+          for (int e = 0; e < d; ++e) w.qw[int64_t(h) * d + e] = qg[int64_t(h) * d + e] / wg[e];
+        qwg = w.qw;
+      }
       if (!quant) {
-        score_fp32(summaries, bh, qg, G, scale, dst, M, w);
+        score_fp32(summaries, bh, qg, qwg, G, scale, dst, M, w);
       } else {
-        score_quant(summaries, bh, qg, G, scale, dst, M, w);
+        score_quant(summaries, bh, qg, qwg, G, scale, dst, M, w);
       }
     }
   }

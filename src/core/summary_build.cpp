@@ -1,5 +1,6 @@
 // cpu::summary_build: per (block, KV head) centroid, top-r right singular vectors of the
-// centred P x d key matrix, and each key's coefficients in that basis.
+// centred P x d key matrix (its columns scaled by the query weights, when given), and each
+// key's coefficients in that basis.
 //
 // Computed in double (keys are read from fp32/fp16/bf16 and widened), then rounded to
 // float: P x d is tiny, and double keeps the basis accurate when singular values are
@@ -44,6 +45,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
                       out.coeff_scale,
                   "quant summary arrays are null");
   }
+  validate_qweight(out.qweight, cl.num_kv_heads, cl.head_dim);
   for (int64_t i = 0; i < n_blocks; ++i) {
     LOCKS_REQUIRE(block_ids[i] >= 0 && block_ids[i] < cl.num_blocks, "block_ids[", i,
                   "] = ", block_ids[i], " outside [0, ", cl.num_blocks, ")");
@@ -81,6 +83,8 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
       }
       const Eigen::RowVectorXd mean = D.colwise().mean();
       D.rowwise() -= mean;
+      if (out.qweight)  // query-weighted summaries (summary.h): fit the weighted deviations
+        for (int e = 0; e < d; ++e) D.col(e) *= double(out.qweight[int64_t(h) * d + e]);
       if (P <= d) {
         qr.compute(D.transpose());  // D^T = Q R, R: P x P upper triangular
         Rt = qr.matrixQR().topRows(P).triangularView<Eigen::Upper>().transpose();

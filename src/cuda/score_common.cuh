@@ -20,12 +20,14 @@ struct SumView {  // the summary arrays, by value for kernels
   const float* basis_scale;
   const int8_t* coeff_q;
   const float* coeff_scale;
-  int64_t num_blocks;  // block ids outside [0, num_blocks) are never dereferenced (score -inf)
+  int64_t num_blocks;    // block ids outside [0, num_blocks) are never dereferenced (score -inf)
+  const float* qweight;  // [H, d] query weights (query-weighted summaries) or nullptr
 };
 
 inline SumView sum_view(const SummaryView& s) {
   return {s.mu,      s.basis,       s.coeff,   s.mu_q,        s.mu_scale,
-          s.basis_q, s.basis_scale, s.coeff_q, s.coeff_scale, s.layout.num_blocks};
+          s.basis_q, s.basis_scale, s.coeff_q, s.coeff_scale, s.layout.num_blocks,
+          s.qweight};
 }
 
 namespace {

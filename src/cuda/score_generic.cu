@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kGenWarps * 32)
         const int code = (c & 1) ? (int(int8_t(byte)) >> 4) : (int(int8_t(byte << 4)) >> 4);
         x = float(code) * S.basis_scale[bh * r + k];
       }
-      rows[k * ld + c] = x;
+      // Query-weighted summaries: basis_k . (q / w) = (basis_k / w) . q.
+      rows[k * ld + c] = S.qweight ? x / S.qweight[int64_t(h) * d + c] : x;
     }
     for (int c = lane; c < d; c += 32)
       rows[r * ld + c] = quant ? float(S.mu_q[bh * d + c]) * S.mu_scale[bh] : S.mu[bh * d + c];

@@ -141,16 +141,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   constexpr int GMAX = HPT * NT1;
   constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 16 or 8
   constexpr int n_st = ppw / kSP;      // stages of the warp
-  // Transposed q.mu (see (a)) where its extra query registers fit under the cap (hi/lo: not
-  // at d 256, whose V q operands alone take 96 registers).
-  constexpr bool kMuT = !HL || (NT1 == 1 && D <= 128) || D == 64;
   // The query rows (read once, to build the fragments) share their shared memory with the
   // chunk's scores (written from the stage loop on, after a barrier).
   constexpr int kQsc = GMAX * (D + 4) > GMAX * kScoreChunk ? GMAX * (D + 4) : GMAX * kScoreChunk;
   __shared__ float qsc[kQsc];
   float(*qs)[D + 4] = reinterpret_cast<float(*)[D + 4]>(qsc);
   float* sc = qsc;
-  __shared__ float unscale[GMAX];
+  // Per head: 2^e normalisers of the query (q.mu) and of the query over the query weights
+  // (V q; the same unless the summaries are query-weighted), and their inverses.
+  __shared__ float qf[GMAX], qfw[GMAX], unscale[GMAX], unscale_w[GMAX];
   __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
   // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
   __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
@@ -186,19 +185,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   issue(0);
   issue(1);
 
-  // Query rows (scaled to log2 units), normalised per head by a power of two.
+  // Query rows (scaled to log2 units); per head a power-of-two normaliser for q and one for
+  // q / w (query-weighted summaries: the basis multiplies q / w, the centroid q).
+  const float* qw = S.qweight ? S.qweight + int64_t(h) * D : nullptr;
   for (int g = warp; g < GMAX; g += kMmaWarps) {
-    float mx = 0.0f;
+    float mx = 0.0f, mxw = 0.0f;
     for (int c = lane; c < D; c += 32) {
       const float x = g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + c] * (scale * kLog2e) : 0.0f;
       qs[g][c] = x;
       mx = fmaxf(mx, fabsf(x));
+      mxw = fmaxf(mxw, fabsf(qw ? x / qw[c] : x));
     }
-    const float f = pow2_normaliser(warp_max(mx));
-    for (int c = lane; c < D; c += 32) qs[g][c] *= f;
-    if (lane == 0) unscale[g] = 1.0f / f;
+    const float f = pow2_normaliser(warp_max(mx)), fw = pow2_normaliser(warp_max(mxw));
+    if (lane == 0) qf[g] = f, qfw[g] = fw, unscale[g] = 1.0f / f, unscale_w[g] = 1.0f / fw;
   }
   __syncthreads();
+  // The fragments' values: q * f (exact: a power of two) and (q / w) * fw.
+  auto q_at = [&](int g, int dim) { return qs[g][dim] * qf[g]; };
+  auto qw_at = [&](int g, int dim) { return (qw ? qs[g][dim] / qw[dim] : qs[g][dim]) * qfw[g]; };
 
   // B fragments of the query: column n = gid of n-tile nt is head nt*4 + gid/2, hi or lo
   // (HL), or head nt*8 + gid.
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
       for (int x = 0; x < 2; ++x) {
         const int ri = 2 * s + x;
         const int dim = (D / 4) * tig + 8 * (ri / 4) + (ri % 4);
-        const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+        const float v0 = qw_at(g, dim), v1 = qw_at(g, dim + 4);
         const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
         bq[nt][s][x] = MmaH::pack(e0, e1);
       }
@@ -224,9 +228,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   // head 4 mt + gid / 2, hi or lo) or 8 mt .. 8 mt + 7 (row gid is head 8 mt + gid), over
   // dims [0, d/2); row gid + 8 the same over [d/2, d). The dims of a k-step match the
   // centroid chunk a lane converts (see (a)).
-  uint32_t aq[kMuT ? NT1 : 1][KS / 2][4];
+  uint32_t aq[NT1][KS / 2][4];
 #pragma unroll
-  for (int mt_ = 0; mt_ < (kMuT ? NT1 : 0); ++mt_) {
+  for (int mt_ = 0; mt_ < NT1; ++mt_) {
     const int g = HL ? mt_ * 4 + (gid >> 1) : mt_ * 8 + gid;
     const bool lo = HL && (gid & 1);
 #pragma unroll
@@ -237,7 +241,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
         for (int r = 0; r < 2; ++r) {
           const int i = 2 * k + x;
           const int dim = r * (D / 2) + (D / 8) * tig + 8 * (i / 4) + (i % 4);
-          const float v0 = qs[g][dim], v1 = qs[g][dim + 4];
+          const float v0 = q_at(g, dim), v1 = q_at(g, dim + 4);
           const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
           aq[mt_][k][2 * x + r] = MmaH::pack(e0, e1);
         }
@@ -254,74 +258,48 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     cp_async_wait<1>();
     __syncwarp();
     const Stage<D>& st = my[s & 1];
-    if constexpr (kMuT) {  // (a) q.mu for the stage's pages, transposed so that no mma row is
-                           // padding: A rows are
-      // (head [, hi/lo]) of the query over the first (rows gid) or second (rows gid + 8) half
-      // of the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
-      // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
-      {
-        uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 16-byte (d 128) or 8-byte chunks
-        const int8_t* src = &st.mu[gid >> 1][(gid & 1) * (D / 2) + (D / 8) * tig];
-        if constexpr (D == 128) {
-          const uint4 u = *reinterpret_cast<const uint4*>(src);
-          uint32_t o[4];
+    // (a) q.mu for the stage's pages, transposed so that no mma row is padding: A rows are
+    // (head [, hi/lo]) of the query over the first (rows gid) or second (rows gid + 8) half
+    // of the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
+    // Lane (gid, tig) then holds page tig's two matching halves in acc[0] and acc[3].
+    {
+      uint32_t rb[KS];  // B fragments, KS / 2 k-steps: 8-byte (d 64), 16 (d 128), 32 (d 256)
+      const int8_t* src = &st.mu[gid >> 1][(gid & 1) * (D / 2) + (D / 8) * tig];
+#pragma unroll
+      for (int v = 0; v < (D == 64 ? 1 : D / 128); ++v) {
+        uint32_t o[4];
+        if constexpr (D == 64) {
+          const uint2 u = *reinterpret_cast<const uint2*>(src);
           int8x8_to_half2(u.x, u.y, o);
 #pragma unroll
           for (int m = 0; m < 4; ++m) rb[m] = o[m];
+        } else {
+          const uint4 u = reinterpret_cast<const uint4*>(src)[v];
+          int8x8_to_half2(u.x, u.y, o);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) rb[8 * v + m] = o[m];
           int8x8_to_half2(u.z, u.w, o);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) rb[4 + m] = o[m];
-        } else {
-          const uint2 u = *reinterpret_cast<const uint2*>(src);
-          uint32_t o[4];
-          int8x8_to_half2(u.x, u.y, o);
-#pragma unroll
-          for (int m = 0; m < 4; ++m) rb[m] = o[m];
-        }
-        const float ms = st.muscale[tig];
-#pragma unroll
-        for (int mt_ = 0; mt_ < NT1; ++mt_) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int k = 0; k < KS / 2; ++k)
-            MmaH::run(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
-                      rb[2 * k + 1]);
-          float v = acc[0] + acc[3];
-          if constexpr (HL) {
-            v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
-            const int g = mt_ * 4 + (gid >> 1);
-            if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
-          } else {
-            const int g = mt_ * 8 + gid;
-            mt[warp][tig][g] = v * ms * unscale[g];
-          }
+          for (int m = 0; m < 4; ++m) rb[8 * v + 4 + m] = o[m];
         }
       }
-    } else {  // (a') q.mu with the centroids as A rows gid < kSP (the other rows are zero);
-      // no extra registers for the query fragments (HL only)
-      uint32_t ra[KS * 2];
-      const bool row_ok = gid < kSP;
-      const uint4* src = reinterpret_cast<const uint4*>(&st.mu[gid % kSP][(D / 4) * tig]);
+      const float ms = st.muscale[tig];
 #pragma unroll
-      for (int v = 0; v < D / 64; ++v) {
-        uint4 u = src[v];
-        if (!row_ok) u = make_uint4(0u, 0u, 0u, 0u);
-        uint32_t o[4];
-        int8x8_to_half2(u.x, u.y, o);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) ra[8 * v + m] = o[m];
-        int8x8_to_half2(u.z, u.w, o);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) ra[8 * v + 4 + m] = o[m];
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT1; ++nt) {
+      for (int mt_ = 0; mt_ < NT1; ++mt_) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int k = 0; k < KS; ++k)
-          MmaH::run(acc, ra[2 * k], 0u, ra[2 * k + 1], 0u, bq[nt][k][0], bq[nt][k][1]);
-        const int g = nt * 4 + tig;
-        if (row_ok) mt[warp][gid][g] = (acc[0] + acc[1]) * st.muscale[gid] * unscale[g];
+        for (int k = 0; k < KS / 2; ++k)
+          MmaH::run(acc, aq[mt_][k][0], aq[mt_][k][1], aq[mt_][k][2], aq[mt_][k][3], rb[2 * k],
+                    rb[2 * k + 1]);
+        float v = acc[0] + acc[3];
+        if constexpr (HL) {
+          v += __shfl_xor_sync(kFull, v, 4);  // + the other of hi / lo (row gid ^ 1)
+          const int g = mt_ * 4 + (gid >> 1);
+          if (!(gid & 1)) mt[warp][tig][g] = v * ms * unscale[g];
+        } else {
+          const int g = mt_ * 8 + gid;
+          mt[warp][tig][g] = v * ms * unscale[g];
+        }
       }
     }
     __syncwarp();
@@ -369,15 +347,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
       for (int nt = 0; nt < NT1; ++nt) {
         if constexpr (HL) {  // columns 2 tig, 2 tig + 1: hi and lo of head nt*4 + tig
           const int g = nt * 4 + tig;
-          wy[warp][(p * GMAX + g) * R + gid] = (acc[nt][0] + acc[nt][1]) * wsc[0] * unscale[g];
+          wy[warp][(p * GMAX + g) * R + gid] = (acc[nt][0] + acc[nt][1]) * wsc[0] * unscale_w[g];
           wy[warp][((p + 1) * GMAX + g) * R + gid] =
-              (acc[nt][2] + acc[nt][3]) * wsc[1] * unscale[g];
+              (acc[nt][2] + acc[nt][3]) * wsc[1] * unscale_w[g];
         } else {  // columns 2 tig, 2 tig + 1: heads nt*8 + 2 tig and the next
           const int g = nt * 8 + 2 * tig;
-          wy[warp][(p * GMAX + g) * R + gid] = acc[nt][0] * wsc[0] * unscale[g];
-          wy[warp][(p * GMAX + g + 1) * R + gid] = acc[nt][1] * wsc[0] * unscale[g + 1];
-          wy[warp][((p + 1) * GMAX + g) * R + gid] = acc[nt][2] * wsc[1] * unscale[g];
-          wy[warp][((p + 1) * GMAX + g + 1) * R + gid] = acc[nt][3] * wsc[1] * unscale[g + 1];
+          wy[warp][(p * GMAX + g) * R + gid] = acc[nt][0] * wsc[0] * unscale_w[g];
+          wy[warp][(p * GMAX + g + 1) * R + gid] = acc[nt][1] * wsc[0] * unscale_w[g + 1];
+          wy[warp][((p + 1) * GMAX + g) * R + gid] = acc[nt][2] * wsc[1] * unscale_w[g];
+          wy[warp][((p + 1) * GMAX + g + 1) * R + gid] = acc[nt][3] * wsc[1] * unscale_w[g + 1];
         }
       }
     }

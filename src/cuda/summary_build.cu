@@ -153,8 +153,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int r = 0; r < kP; ++r) m += D[r * ld + c];
       m *= (1.0f / kP);
       mum[w * d + c] = m;
+      // Query-weighted summaries (summary.h): the fit is that of the weighted deviations.
+      const float wc = out.qweight ? out.qweight[int64_t(head[w]) * d + c] : 1.0f;
 #pragma unroll
-      for (int r = 0; r < kP; ++r) D[r * ld + c] -= m;
+      for (int r = 0; r < kP; ++r) D[r * ld + c] = (D[r * ld + c] - m) * wc;
     }
   }
   __syncwarp();
@@ -253,7 +255,8 @@ size_t smem_bytes(int d) {
 Out make_out(const SummaryView& v) {
   return {
       v.mu,      v.basis,       v.coeff,   v.mu_q,        v.mu_scale,
-      v.basis_q, v.basis_scale, v.coeff_q, v.coeff_scale, v.layout.precision == Precision::quant};
+      v.basis_q, v.basis_scale, v.coeff_q, v.coeff_scale, v.layout.precision == Precision::quant,
+      v.qweight};
 }
 
 // Calls f with the cache's K pointer cast to its element type (float, __half, bf16).

@@ -41,6 +41,7 @@ struct Out {
   int8_t* coeff_q;
   float* coeff_scale;
   bool quant;
+  const float* qweight;  // [H, d] query weights of query-weighted summaries, or nullptr
 };
 
 // Physical block of problem item (or -1 when there is nothing to build).

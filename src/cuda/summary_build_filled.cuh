@@ -159,8 +159,10 @@ __global__ void __launch_bounds__(kFilledThreads)
     for (int r = 0; r < kP; ++r) m += Ds[r * ld + c];
     m *= (1.0f / kP);
     mus[c] = m;
+    // Query-weighted summaries (summary.h): the fit is that of the weighted deviations.
+    const float wc = out.qweight ? out.qweight[int64_t(head) * d + c] : 1.0f;
 #pragma unroll
-    for (int r = 0; r < kP; ++r) Ds[r * ld + c] -= m;
+    for (int r = 0; r < kP; ++r) Ds[r * ld + c] = (Ds[r * ld + c] - m) * wc;
   }
   __syncthreads();
 

@@ -39,6 +39,7 @@ void check_summary_view(const SummaryView& s) {
     LOCKS_REQUIRE(s.mu_q && s.mu_scale && s.basis_q && s.basis_scale && s.coeff_q && s.coeff_scale,
                   "quant summary pointers must not be null");
   }
+  validate_qweight(s.qweight, s.layout.num_kv_heads, s.layout.head_dim);
 }
 
 void check_batch(int page_size, int64_t num_blocks, const BatchView& b) {

@@ -36,24 +36,24 @@ std::vector<int32_t> slot_blocks(const CacheLayout& cache, const int32_t* slot_m
 
 namespace {
 std::vector<BlockSummary64> build_all(const KvCacheView& cache, const std::vector<int32_t>& blocks,
-                                      int rank) {
+                                      int rank, const float* qweight) {
   std::vector<BlockSummary64> out;
   for (const int32_t blk : blocks)
     for (int h = 0; h < cache.layout.num_kv_heads; ++h)
-      out.push_back({blk, h, summary_build_page(cache, blk, h, rank)});
+      out.push_back({blk, h, summary_build_page(cache, blk, h, rank, qweight)});
   return out;
 }
 }  // namespace
 
 std::vector<BlockSummary64> summary_build_filled(const KvCacheView& cache, const BatchView& batch,
-                                                 int appended, int rank) {
-  return build_all(cache, filled_blocks(cache.layout, batch, appended), rank);
+                                                 int appended, int rank, const float* qweight) {
+  return build_all(cache, filled_blocks(cache.layout, batch, appended), rank, qweight);
 }
 
 std::vector<BlockSummary64> summary_build_slots(const KvCacheView& cache,
                                                 const int32_t* slot_mapping, int64_t n_slots,
-                                                int rank) {
-  return build_all(cache, slot_blocks(cache.layout, slot_mapping, n_slots), rank);
+                                                int rank, const float* qweight) {
+  return build_all(cache, slot_blocks(cache.layout, slot_mapping, n_slots), rank, qweight);
 }
 
 }  // namespace locks::ref

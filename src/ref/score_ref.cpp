@@ -48,9 +48,12 @@ double score_page(const SummaryView& s, int32_t block, int head, const float* q,
 
   double qmu = 0;
   for (int c = 0; c < d; ++c) qmu += double(q[c]) * mu[c];
-  std::vector<double> w(r, 0.0);  // w = V q, the query in the page's own basis
+  // w = V (q / qweight), the query in the page's own (weighted) basis
+  const float* qw = s.qweight ? s.qweight + int64_t(head) * d : nullptr;
+  std::vector<double> w(r, 0.0);
   for (int k = 0; k < r; ++k)
-    for (int c = 0; c < d; ++c) w[k] += double(basis[size_t(k) * d + c]) * q[c];
+    for (int c = 0; c < d; ++c)
+      w[k] += double(basis[size_t(k) * d + c]) * (qw ? double(q[c]) / qw[c] : double(q[c]));
   std::vector<double> logits(P);
   for (int i = 0; i < P; ++i) {
     double wc = 0;

@@ -13,7 +13,8 @@
 
 namespace locks::ref {
 
-PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int head, int rank) {
+PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int head, int rank,
+                                 const float* qweight) {
   detail::check_cache(cache);
   const CacheLayout& l = cache.layout;
   LOCKS_REQUIRE(block >= 0 && block < l.num_blocks, "block ", block, " out of range");
@@ -35,8 +36,11 @@ PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int he
     }
   }
   for (int c = 0; c < d; ++c) mu[size_t(c)] /= P;
+  // Query-weighted summaries (summary.h): the fit is that of the weighted deviations.
+  const float* w = qweight ? qweight + int64_t(head) * d : nullptr;
   for (int i = 0; i < P; ++i)
-    for (int c = 0; c < d; ++c) D[size_t(i) * d + c] -= mu[size_t(c)];
+    for (int c = 0; c < d; ++c)
+      D[size_t(i) * d + c] = (D[size_t(i) * d + c] - mu[size_t(c)]) * (w ? double(w[c]) : 1.0);
   Eigen::MatrixXd G(P, P);  // centred Gram matrix D D^T
   for (int i = 0; i < P; ++i)
     for (int j = 0; j <= i; ++j) {
@@ -75,7 +79,7 @@ PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int he
     if (n > 0)
       for (int c = 0; c < d; ++c) out.basis[size_t(k) * d + c] = v[size_t(c)] / n;
   }
-  out.coeff.assign(size_t(P) * rank, 0.0);  // coeff[i][k] = basis_k . (k_i - mu)
+  out.coeff.assign(size_t(P) * rank, 0.0);  // coeff[i][k] = basis_k . ((k_i - mu) * w)
   for (int i = 0; i < P; ++i)
     for (int k = 0; k < rank; ++k) {
       double x = 0;

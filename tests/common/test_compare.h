@@ -57,9 +57,12 @@ inline double logit_magnitude(const SummaryView& sv, int32_t blk, int g, const f
   }
   double a_mu = 0;
   for (int c = 0; c < d; ++c) a_mu += std::fabs(double(q[c]) * mu[size_t(c)]);
+  // (V q) in the page's basis; query-weighted summaries multiply the basis by q / w.
+  const float* qw = sv.qweight ? sv.qweight + int64_t(g) * d : nullptr;
   std::vector<double> w(size_t(r), 0.0);
   for (int k = 0; k < r; ++k)
-    for (int c = 0; c < d; ++c) w[size_t(k)] += std::fabs(double(basis[size_t(k) * d + c]) * q[c]);
+    for (int c = 0; c < d; ++c)
+      w[size_t(k)] += std::fabs(double(basis[size_t(k) * d + c]) * q[c] / (qw ? qw[c] : 1.0f));
   double a_c = 0;
   for (int i = 0; i < P; ++i) {
     double s = 0;

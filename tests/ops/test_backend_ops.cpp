@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -26,13 +28,14 @@ struct OpCase {
   Precision precision;
   std::vector<int32_t> lens;
   bool structured = false;
+  bool weighted = false;  // query-weighted summaries (summary.h: SummaryView::qweight)
 };
 
 std::string name_of(const OpCase& c) {
   std::ostringstream os;
   os << dtype_name(c.dtype) << "_d" << c.head_dim << "_P" << c.page_size << "_H" << c.kv_heads
      << "_G" << c.group << "_r" << c.rank << "_" << precision_name(c.precision) << "_B"
-     << c.lens.size();
+     << c.lens.size() << (c.weighted ? "_wq" : "");
   return os.str();
 }
 
@@ -51,6 +54,12 @@ std::vector<OpCase> cases() {
       {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}},
       {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}},
       {DType::f16, 96, 32, 2, 3, 6, P::quant, {95, 64}},
+      // Query-weighted summaries: the G 4 hi/lo and G 8 rounded-once tensor-core paths, d 256
+      // (Gemma-3's global layers), and the CUDA-core path (fp32 summaries).
+      {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true, true},
+      {DType::bf16, 128, 16, 1, 8, 8, P::quant, {300, 48}, false, true},
+      {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true, true},
+      {DType::f16, 64, 16, 2, 2, 8, P::fp32, {100, 33}, false, true},
   };
 }
 
@@ -81,7 +90,10 @@ struct Summaries {
   std::vector<std::unique_ptr<Dev>> arrays;
   SummaryView dev;
   std::unique_ptr<SummaryStore> host;
-  Summaries(OpsBackend* be, const SummaryLayout& l) : layout(l) {
+  std::vector<float> qweight;  // host copy of the query weights (empty: plain summaries)
+  std::unique_ptr<Dev> qweight_dev;
+  Summaries(OpsBackend* be, const SummaryLayout& l, const std::vector<float>& w = {})
+      : layout(l), qweight(w) {
     const size_t nb = size_t(l.num_blocks) * l.num_kv_heads, d = size_t(l.head_dim),
                  r = size_t(l.rank), P = size_t(l.page_size);
     auto add = [&](size_t bytes) {
@@ -102,16 +114,26 @@ struct Summaries {
       dev.coeff_scale = static_cast<float*>(add(nb * r * 4));
     }
     host = std::make_unique<SummaryStore>(l);
+    if (!qweight.empty()) {
+      qweight_dev = std::make_unique<Dev>(be, qweight.data(), qweight.size() * 4);
+      dev.qweight = qweight_dev->as<float>();
+    }
   }
   void poison(OpsBackend* be) {
     for (auto& a : arrays) be->fill(a->p, 0x5a, a->bytes);
   }
+  // The host copy's view (with the host query weights, if any).
+  SummaryView host_view() const {
+    SummaryView h = host->view();
+    h.qweight = qweight.empty() ? nullptr : qweight.data();
+    return h;
+  }
   // Downloads into host and returns the host view.
   SummaryView download(OpsBackend* be) {
-    SummaryView h = host->view();
+    SummaryView h = host_view();
     void* dst[] = {h.mu, h.basis, h.coeff};
     void* qdst[] = {h.mu_q, h.mu_scale, h.basis_q, h.basis_scale, h.coeff_q, h.coeff_scale};
-    for (size_t i = 0; i < arrays.size(); ++i)
+    for (size_t i = 0; i < (layout.precision == Precision::fp32 ? 3u : 6u); ++i)
       be->get(layout.precision == Precision::fp32 ? dst[i] : qdst[i], arrays[i]->p,
               arrays[i]->bytes);
     return h;
@@ -153,10 +175,12 @@ void expect_summary_matches(const TestCache& t, const SummaryView& sv, int32_t b
   // ||K - mu - C V||^2 vs the optimum sum_{k >= r} sigma_k^2. Errors: float storage of mu,
   // V, C (~eps32 ||K||^2 each) and the eigen-solver's (CUDA: fp32 Jacobi on the Gram
   // matrix, eigenvalues within ~P eps32 sigma_0^2 each).
+  // (In the weighted metric for query-weighted summaries: (K - mu) * w - C V.)
+  const float* w = sv.qweight ? sv.qweight + int64_t(h) * d : nullptr;
   double resid = 0, frob = 0;
   for (int s = 0; s < P; ++s)
     for (int c = 0; c < d; ++c) {
-      double x = K[size_t(s) * d + c] - mu[size_t(c)];
+      double x = (K[size_t(s) * d + c] - mu[size_t(c)]) * (w ? double(w[c]) : 1.0);
       frob += x * x;
       for (int k = 0; k < r; ++k) x -= double(coeff[size_t(s) * r + k]) * basis[size_t(k) * d + c];
       resid += x * x;
@@ -203,11 +227,17 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {
     batch_.seq_lens = lens_->as<int32_t>();
     qv_ = {q_->as<float>(), sp.num_q_heads};
     sl_ = summary_layout_for(L, c.rank, c.precision);
+    if (c.weighted) {  // weights over two orders of magnitude, like real query RMS profiles
+      std::mt19937 rng(uint32_t(11 + c.head_dim));
+      std::normal_distribution<float> n(0.0f, 1.2f);
+      qweight_.resize(size_t(c.kv_heads) * c.head_dim);
+      for (float& x : qweight_) x = std::exp(n(rng));
+    }
   }
 
   // Bulk build of every full page on the backend; the host copy checked against the reference.
   std::unique_ptr<Summaries> build_all() {
-    auto s = std::make_unique<Summaries>(be_.get(), sl_);
+    auto s = std::make_unique<Summaries>(be_.get(), sl_, qweight_);
     const std::vector<int32_t> ids = t_.full_blocks();
     Dev dids(be_.get(), ids.data(), std::max<size_t>(ids.size(), 1) * 4);
     be_->summary_build(cache_, dids.as<int32_t>(), int64_t(ids.size()), s->dev);
@@ -234,15 +264,17 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {
   BatchView batch_;
   QueryView qv_;
   SummaryLayout sl_;
+  std::vector<float> qweight_;  // query weights [H, d] of a weighted case, else empty
 };
 
 TEST_P(BackendOps, SummaryBuildMatchesReference) {
   auto s = build_all();
-  const SummaryView hv = s->host->view();
+  const SummaryView hv = s->host_view();
   int checked = 0;
   for (const int32_t blk : t_.full_blocks())
     for (int h = 0; h < t_.spec.num_kv_heads; ++h, ++checked)
-      expect_summary_matches(t_, hv, blk, h, ref::summary_build_page(t_.view(), blk, h, sl_.rank));
+      expect_summary_matches(t_, hv, blk, h,
+                             ref::summary_build_page(t_.view(), blk, h, sl_.rank, hv.qweight));
   EXPECT_EQ(checked, int(t_.full_blocks().size()) * t_.spec.num_kv_heads);
 }
 
@@ -250,7 +282,7 @@ TEST_P(BackendOps, SummaryBuildMatchesReference) {
 // block keeps its poison bytes), each matching the reference build.
 void expect_built_exactly(const TestCache& t, Summaries& s, OpsBackend* be,
                           const std::vector<int32_t>& expect, const SummaryLayout& sl) {
-  Summaries poison(be, sl);
+  Summaries poison(be, sl, s.qweight);
   poison.poison(be);
   const SummaryView after = s.download(be);
   const SummaryView untouched = poison.download(be);
@@ -260,8 +292,9 @@ void expect_built_exactly(const TestCache& t, Summaries& s, OpsBackend* be,
     for (int h = 0; h < H; ++h) {
       const int64_t bh = blk * H + h;
       if (built.count(int32_t(blk))) {
-        expect_summary_matches(t, after, int32_t(blk), h,
-                               ref::summary_build_page(t.view(), int32_t(blk), h, sl.rank));
+        expect_summary_matches(
+            t, after, int32_t(blk), h,
+            ref::summary_build_page(t.view(), int32_t(blk), h, sl.rank, after.qweight));
       } else if (sl.precision == Precision::fp32) {
         EXPECT_EQ(std::memcmp(after.mu + bh * d, untouched.mu + bh * d, size_t(d) * 4), 0)
             << "block " << blk << " was written but did not fill";
@@ -275,7 +308,7 @@ void expect_built_exactly(const TestCache& t, Summaries& s, OpsBackend* be,
 TEST_P(BackendOps, SummaryBuildFilledFollowsTheLengthRule) {
   for (const int appended : {1, 3, t_.spec.page_size}) {
     SCOPED_TRACE(testing::Message() << "appended " << appended);
-    Summaries s(be_.get(), sl_);
+    Summaries s(be_.get(), sl_, qweight_);
     s.poison(be_.get());
     be_->summary_build_filled(cache_, batch_, appended, s.dev);
     be_->finish();
@@ -296,7 +329,7 @@ TEST_P(BackendOps, SummaryBuildSlotsFollowsTheSlotRule) {
     slots.push_back(-1);
   }
   Dev ds(be_.get(), slots.data(), slots.size() * 4);
-  Summaries s(be_.get(), sl_);
+  Summaries s(be_.get(), sl_, qweight_);
   s.poison(be_.get());
   be_->summary_build_slots(cache_, ds.as<int32_t>(), int64_t(slots.size()), s.dev);
   be_->finish();
@@ -307,7 +340,7 @@ TEST_P(BackendOps, SummaryBuildSlotsFollowsTheSlotRule) {
 
 TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
   auto s = build_all();
-  const SummaryView hv = s->host->view();
+  const SummaryView hv = s->host_view();
   const int P = t_.spec.page_size, B = t_.bv().batch_size, Hq = t_.spec.num_q_heads;
   const int H = t_.spec.num_kv_heads, M = t_.max_blocks(), d = t_.spec.head_dim;
   const int32_t longest = *std::max_element(t_.spec.seq_lens.begin(), t_.spec.seq_lens.end());

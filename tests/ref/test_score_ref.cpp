@@ -49,5 +49,70 @@ TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
   }
 }
 
+// Query-weighted summaries (summary.h) are an exact reformulation at full rank: the basis of
+// the weighted deviations applied to q / w reproduces every logit.
+TEST(RefSelfCheck, WeightedFullRankSummaryIsTheExactLogMass) {
+  CacheSpec sp;
+  sp.seq_lens = {48};
+  sp.num_kv_heads = 1;
+  sp.num_q_heads = 1;
+  TestCache t = make_cache(sp);
+  const int P = 16, d = 64, r = P - 1;
+  std::vector<float> w(static_cast<size_t>(d), 1.0f);
+  for (int c = 0; c < d; ++c) w[size_t(c)] = std::exp(0.15f * float(c % 23) - 1.5f);
+  SummaryLayout sl{t.layout().num_blocks, P, 1, d, r, Precision::fp32};
+  std::vector<float> mu(size_t(sl.num_blocks) * d), basis(size_t(sl.num_blocks) * r * d),
+      coeff(size_t(sl.num_blocks) * P * r);
+  SummaryView sv{sl, mu.data(), basis.data(), coeff.data()};
+  sv.qweight = w.data();
+  for (int j = 0; j < 3; ++j) {
+    const int32_t blk = t.block_of(0, j);
+    const ref::PageSummary64 s = ref::summary_build_page(t.view(), blk, 0, r, w.data());
+    std::copy(s.mu.begin(), s.mu.end(), mu.begin() + blk * d);
+    std::copy(s.basis.begin(), s.basis.end(), basis.begin() + blk * r * d);
+    std::copy(s.coeff.begin(), s.coeff.end(), coeff.begin() + blk * P * r);
+    EXPECT_NEAR(ref::score_page(sv, blk, 0, t.q.data(), t.scale()),
+                ref::exact_log_mass(t.view(), blk, 0, P, t.q.data(), t.scale()), 1e-5);
+  }
+}
+
+// At a low rank the weighted basis fits the weighted deviations best: its weighted residual
+// is the optimum, at most the plain basis' weighted residual.
+TEST(RefSelfCheck, WeightedBasisMinimisesTheWeightedResidual) {
+  CacheSpec sp;
+  sp.seq_lens = {64};
+  sp.num_kv_heads = 1;
+  sp.num_q_heads = 1;
+  TestCache t = make_cache(sp);
+  const int P = 16, d = 64, r = 4;
+  std::vector<float> w(static_cast<size_t>(d), 1.0f);
+  for (int c = 0; c < d; ++c) w[size_t(c)] = c < 8 ? 10.0f : 0.1f;  // queries live in 8 channels
+  for (int j = 0; j < 4; ++j) {
+    const int32_t blk = t.block_of(0, j);
+    const ref::PageSummary64 sw = ref::summary_build_page(t.view(), blk, 0, r, w.data());
+    const ref::PageSummary64 sp0 = ref::summary_build_page(t.view(), blk, 0, r);
+    // weighted residual of a (basis, coeff) fit given in the weighted (sw) or plain (sp0) frame
+    auto resid = [&](const ref::PageSummary64& s, bool weighted) {
+      double e = 0;
+      for (int i = 0; i < P; ++i)
+        for (int c = 0; c < d; ++c) {
+          const CacheLayout& L = t.layout();
+          const double k = load_as_float(t.view().k, L.dtype, L.offset(blk, i, 0) + c);
+          double rec = 0;
+          for (int m = 0; m < r; ++m)
+            rec += s.coeff[size_t(i) * r + m] * s.basis[size_t(m) * d + c];
+          if (!weighted) rec *= w[size_t(c)];  // plain fit, measured in the weighted metric
+          const double x = (k - s.mu[size_t(c)]) * w[size_t(c)] - rec;
+          e += x * x;
+        }
+      return e;
+    };
+    double opt = 0;
+    for (size_t k = size_t(r); k < sw.sigma.size(); ++k) opt += sw.sigma[k] * sw.sigma[k];
+    EXPECT_NEAR(resid(sw, true), opt, 1e-9 * (1 + opt));
+    EXPECT_LE(resid(sw, true), resid(sp0, false) * (1 + 1e-12));
+  }
+}
+
 }  // namespace
 }  // namespace locks::test
