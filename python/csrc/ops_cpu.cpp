@@ -1,6 +1,8 @@
 // CPU implementations of the `locks` tensor ops: ops_impl.h over locks::cpu (contract.h).
 #include <torch/library.h>
 
+#include <ATen/ATen.h>
+
 #include "ops_impl.h"
 
 namespace locks_torch {
@@ -56,7 +58,24 @@ struct CpuOps {
   }
 };
 
+at::Tensor qweight_from_queries(const at::Tensor& q_obs, int64_t num_kv_heads, double floor) {
+  require(q_obs, "q_obs", at::kFloat, 3);
+  const int64_t n = q_obs.size(0);
+  const int hq = to_int(q_obs.size(1), "q_obs.size(1) (num_q_heads)");
+  const int d = to_int(q_obs.size(2), "q_obs.size(2) (head_dim)");
+  const int hkv = to_int(num_kv_heads, "num_kv_heads");
+  at::Tensor out = at::empty({num_kv_heads, d}, q_obs.options());
+  translate_errors([&] {
+    locks::qweight_from_queries(q_obs.data_ptr<float>(), n, hq, hkv, d, out.data_ptr<float>(),
+                                floor);
+  });
+  return out;
+}
+
 }  // namespace
 }  // namespace locks_torch
 
-TORCH_LIBRARY_IMPL(locks, CPU, m) { locks_torch::register_ops<locks_torch::CpuOps>(m); }
+TORCH_LIBRARY_IMPL(locks, CPU, m) {
+  locks_torch::register_ops<locks_torch::CpuOps>(m);
+  m.impl("qweight_from_queries", &locks_torch::qweight_from_queries);
+}

@@ -95,7 +95,8 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
   const locks::SummaryView s = summary_view(summaries, nullptr);
   const locks::BatchView batch = batch_view(block_table, seq_lens);
   const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
-  const locks::Selection sel = selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
+  const locks::Selection sel =
+      selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
   // Scores live in the plan's workspace regions between the three calls (contract.h).
   float* head_scores = region<float>(ws, plan.head_scores, "head_scores");
   float* group_scores = region<float>(ws, plan.group_scores, "group_scores");
@@ -141,7 +142,8 @@ void decode_attention(const at::Tensor& workspace, at::IntArrayRef plan_ints, co
         [&] { B::decode_attention_dense(plan, ws, cache, batch, qv, o, B::stream(dev)); });
     return;
   }
-  const locks::Selection sel = selection_view(*pages, *counts, batch.batch_size, layout.num_kv_heads);
+  const locks::Selection sel =
+      selection_view(*pages, *counts, batch.batch_size, layout.num_kv_heads);
   translate_errors(
       [&] { B::decode_attention_sparse(plan, ws, cache, batch, qv, sel, o, B::stream(dev)); });
 }

@@ -37,8 +37,8 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                           int64_t recent_pages, double scale) {
   const locks::Backend be = to_backend(backend);
   TORCH_CHECK_VALUE(num_blocks >= 1, "num_blocks = ", num_blocks, " must be >= 1");
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
-                    "scale = ", scale, " must be finite and >= 0 (0: 1/sqrt(head_dim))");
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 0, "scale = ", scale,
+                    " must be finite and >= 0 (0: 1/sqrt(head_dim))");
   locks::DecodeParams p;
   p.cache.num_blocks = num_blocks;
   p.cache.page_size = to_int(page_size, "page_size", 1);

@@ -40,6 +40,10 @@ TORCH_LIBRARY(locks, m) {
   m.def(
       "select_pages(Tensor(a!) workspace, int[] plan, Tensor q, Tensor[] summaries, "
       "Tensor block_table, Tensor seq_lens, Tensor(b!) pages, Tensor(c!) counts) -> ()");
+  // Query weights of query-weighted summaries (include/locks/summary.h) from observed queries
+  // q_obs f32 [n, num_q_heads, head_dim] (CPU tensor; host work, once per layer): f32
+  // [num_kv_heads, head_dim]. The summaries list then ends with them.
+  m.def("qweight_from_queries(Tensor q_obs, int num_kv_heads, float floor) -> Tensor");
   // Exact attention over the selected pages, or over every page when pages is None (dense).
   m.def(
       "decode_attention(Tensor(a!) workspace, int[] plan, Tensor q, Tensor k_cache, "

@@ -116,14 +116,19 @@ inline locks::BatchView batch_view(const at::Tensor& block_table, const at::Tens
 //   fp32: [mu f32 [N, H, d], basis f32 [N, H, r, d], coeff f32 [N, H, P, r]]
 //   int4: [mu_q i8 [N, H, d], mu_scale f32 [N, H], basis_q u8 [N, H, r, d/2],
 //          basis_scale f32 [N, H, r], coeff_q i8 [N, H, P, r], coeff_scale f32 [N, H, r]]
+// Either list may end with the query weights qweight f32 [H, d] of query-weighted summaries
+// (summary.h): 4 or 7 tensors.
 // The geometry must match `cache` where one is given (num_blocks, P, H, d); scoring reads
 // summaries only and takes it from them.
-inline locks::SummaryView summary_view(at::TensorList s, const locks::CacheLayout* cache) {
+inline locks::SummaryView summary_view(at::TensorList all, const locks::CacheLayout* cache) {
+  const bool weighted = all.size() == 4 || all.size() == 7;
+  const at::TensorList s = weighted ? all.slice(0, all.size() - 1) : all;
   const bool quant = s.size() == 6;
   TORCH_CHECK_VALUE(s.size() == 3 || quant,
                     "summaries: expected 3 tensors (fp32: mu, basis, coeff) or 6 (int4: mu_q, "
-                    "mu_scale, basis_q, basis_scale, coeff_q, coeff_scale), got ",
-                    s.size());
+                    "mu_scale, basis_q, basis_scale, coeff_q, coeff_scale), each optionally "
+                    "followed by the query weights [num_kv_heads, head_dim]; got ",
+                    all.size());
   static const char* const kFp32[] = {"summaries[0] (mu)", "summaries[1] (basis)",
                                       "summaries[2] (coeff)"};
   static const char* const kQuant[] = {"summaries[0] (mu_q)",    "summaries[1] (mu_scale)",
@@ -151,8 +156,7 @@ inline locks::SummaryView summary_view(at::TensorList s, const locks::CacheLayou
                       ", page_size ", cache->page_size, ", num_kv_heads ", cache->num_kv_heads,
                       ", head_dim ", cache->head_dim, ")");
   }
-  const int64_t n = l.num_blocks, h = l.num_kv_heads, d = l.head_dim, r = l.rank,
-                p = l.page_size;
+  const int64_t n = l.num_blocks, h = l.num_kv_heads, d = l.head_dim, r = l.rank, p = l.page_size;
   auto shape = [&](const at::Tensor& t, const char* name, std::initializer_list<int64_t> want) {
     TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), name, ": expected shape ",
                       at::IntArrayRef(want), ", got ", t.sizes());
@@ -161,6 +165,20 @@ inline locks::SummaryView summary_view(at::TensorList s, const locks::CacheLayou
   shape(coeff, names[quant ? 4 : 2], {n, h, p, r});
   locks::SummaryView v;
   v.layout = l;
+  if (weighted) {
+    const at::Tensor& w = all.back();
+    require(w, "summaries[-1] (qweight)", at::kFloat, 2);
+    shape(w, "summaries[-1] (qweight)", {h, d});
+    v.qweight = w.data_ptr<float>();
+    // Host weights are checked here; device weights where they are made (docs/python.md).
+    if (w.is_cpu()) {
+      try {
+        locks::validate_qweight(v.qweight, int(h), int(d));
+      } catch (const locks::Error& e) {
+        TORCH_CHECK_VALUE(false, "summaries[-1] (qweight): ", e.what());
+      }
+    }
+  }
   if (!quant) {
     v.mu = mu.data_ptr<float>();
     v.basis = basis.data_ptr<float>();
@@ -237,8 +255,8 @@ inline locks::Workspace workspace_view(const at::Tensor& ws, const locks::Decode
   const auto base = reinterpret_cast<uintptr_t>(ws.data_ptr());
   const uintptr_t skip = (256 - base % 256) % 256;
   const auto have = static_cast<uint64_t>(ws.numel());
-  TORCH_CHECK_VALUE(have >= skip && have - skip >= plan.workspace_bytes, "workspace: ",
-                    ws.numel(), " bytes, the plan needs ", plan.workspace_bytes, " after ", skip,
+  TORCH_CHECK_VALUE(have >= skip && have - skip >= plan.workspace_bytes, "workspace: ", ws.numel(),
+                    " bytes, the plan needs ", plan.workspace_bytes, " after ", skip,
                     " bytes of alignment (allocate locks.workspace_bytes(...) bytes)");
   return {reinterpret_cast<void*>(base + skip), static_cast<size_t>(have - skip)};
 }

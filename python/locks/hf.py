@@ -72,6 +72,11 @@ class LocksConfig:
     # which pages to attend: "locks" (the summaries), or a baseline for research through the
     # same budget path: "oracle", "quest", "fullkv" (locks/selectors.py)
     selector: str = "locks"
+    # query-weighted summaries (docs/method.md): each layer's page bases fit the key deviations
+    # in the metric of its queries, calibrated from the prompt's last `obs_window` queries at
+    # prefill (per KV head and channel: their RMS); False: the plain summaries.
+    query_weighted: bool = True
+    obs_window: int = 32
 
     def validate(self) -> None:
         """TypeError for a wrong type (bool is not an int, 16.0 is not an int), ValueError for a
@@ -90,6 +95,9 @@ class LocksConfig:
             raise ValueError(f"locks: selector must be one of {SELECTORS}, got {self.selector!r}")
         if not isinstance(self.check_finite, bool):
             raise TypeError(f"locks: check_finite must be a bool, got {type(self.check_finite).__name__}")
+        if not isinstance(self.query_weighted, bool):
+            raise TypeError(f"locks: query_weighted must be a bool, got {type(self.query_weighted).__name__}")
+        check_int("obs_window", self.obs_window, lo=1, where="locks")
         if self.budget is not None:
             check_int("budget", self.budget, lo=1, where="locks")
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
@@ -150,6 +158,7 @@ class LocksLayer(CacheLayerMixin):
         self.pending = None  # prefill K/V, stored once the attention function knows the padding
         self.k_pages = self.v_pages = None
         self.summaries = None
+        self.qweight = None  # [H, d] query weights (query-weighted summaries), set at prefill
         self.block_table = self.seq_lens = None
         self.lens: list[int] = []
         self.max_blocks = 0
@@ -221,10 +230,26 @@ class LocksLayer(CacheLayerMixin):
         for new_t, old_t in [(self.k_pages, k), (self.v_pages, v), *zip(self.summaries, s)]:
             new_t.view(B, self.max_blocks, *new_t.shape[1:])[:, :old] = old_t.view(B, old, *old_t.shape[1:])
 
-    def commit_prefill(self, first_valid: list[int], num_q_heads: int, scaling: float) -> None:
-        """Store the prefill's K/V (row b's real tokens start at first_valid[b]), build the
-        summaries of every full page and plan the decode step (host work done here, so that
-        a later decode step can be captured in a CUDA graph)."""
+    def summary_list(self) -> list:
+        """The summaries as the ops take them: the storage tensors, then the query weights."""
+        return ops.with_qweight(self.summaries, self.qweight)
+
+    def _calibrate(self, query: torch.Tensor, H: int) -> None:
+        """Query weights from the prompt's last obs_window positions (query [B, Hq, S, d]; rows
+        are left-padded, so the last min(lens) positions are real tokens of every row)."""
+        w = min(self.cfg.obs_window, min(self.lens))
+        if w < 1:
+            return
+        B, Hq, S, d = query.shape
+        q_obs = query[:, :, S - w:].permute(0, 2, 1, 3).reshape(B * w, Hq, d)
+        self.qweight = ops.qweight_from_queries(q_obs, H)
+
+    def commit_prefill(self, first_valid: list[int], num_q_heads: int, scaling: float,
+                       query: torch.Tensor | None = None) -> None:
+        """Store the prefill's K/V (row b's real tokens start at first_valid[b]), calibrate the
+        query weights from `query` (query-weighted summaries), build the summaries of every full
+        page and plan the decode step (host work done here, so that a later decode step can be
+        captured in a CUDA graph)."""
         key, value = self.pending
         self.pending = None
         B, H, S, d = key.shape
@@ -246,9 +271,11 @@ class LocksLayer(CacheLayerMixin):
             vt[b, :n] = value[b, :, f:].transpose(0, 1)
             full += [b * self.max_blocks + j for j in range(n // P)]
         self.seq_lens = torch.tensor(self.lens, dtype=torch.int32, device=self.device)
+        if self.cfg.selector == "locks" and self.cfg.query_weighted and query is not None:
+            self._calibrate(query, H)
         if full and self.cfg.selector == "locks":
             ops.summary_build(self.k_pages, torch.tensor(full, dtype=torch.int32, device=self.device),
-                              self.summaries)
+                              self.summary_list())
         self._planned(num_q_heads, scaling)
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -265,7 +292,7 @@ class LocksLayer(CacheLayerMixin):
         self.seq_lens += 1
         self.lens = [n + 1 for n in self.lens]
         if self.cfg.selector == "locks":  # the baselines read the keys, not summaries
-            ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summaries)
+            ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summary_list())
 
     # -- decode attention ----------------------------------------------------------------
     def _planned(self, num_q_heads: int, scaling: float) -> DecodeWrapper:
@@ -295,7 +322,7 @@ class LocksLayer(CacheLayerMixin):
             out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens, dense=True)
         else:
             if sel == "locks":
-                pages, counts = w.select(q, self.summaries, self.block_table, self.seq_lens)
+                pages, counts = w.select(q, self.summary_list(), self.block_table, self.seq_lens)
             else:
                 pages, counts = selectors.select(
                     sel, q, self.k_pages, self.block_table, self.seq_lens, scale=float(scaling),
@@ -431,7 +458,7 @@ def locks_attention_forward(module, query, key, value, attention_mask, dropout=0
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
         layer.commit_prefill(_first_valid(attention_mask, query.shape[0], key.shape[2]), query.shape[1],
-                             scaling)
+                             scaling, query=query)
         return out
     return layer.decode(query, scaling), None
 

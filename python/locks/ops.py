@@ -92,13 +92,35 @@ def _kv_dtype(t) -> torch.dtype:
 
 
 def precision_of(summaries: Sequence[torch.Tensor]) -> str:
-    """'fp32' or 'int4', from the number and dtypes of the summary tensors."""
-    if len(summaries) == 3 and summaries[0].dtype == torch.float32:
+    """'fp32' or 'int4', from the number and dtypes of the summary tensors (either list may end
+    with the query weights of query-weighted summaries: 4 or 7 tensors)."""
+    n = len(summaries)
+    if n in (3, 4) and summaries[0].dtype == torch.float32:
         return "fp32"
-    if len(summaries) == 6 and summaries[0].dtype == torch.int8:
+    if n in (6, 7) and summaries[0].dtype == torch.int8:
         return "int4"
     raise ValueError("locks: summaries must be 3 float32 tensors (mu, basis, coeff) or 6 int4-mode "
-                     "tensors (mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale)")
+                     "tensors (mu_q, mu_scale, basis_q, basis_scale, coeff_q, coeff_scale), "
+                     "optionally followed by the query weights [num_kv_heads, head_dim]")
+
+
+def qweight_from_queries(q_obs: torch.Tensor, num_kv_heads: int, floor: float = 1e-2) -> torch.Tensor:
+    """Query weights of query-weighted summaries (include/locks/summary.h, docs/method.md) from
+    observed queries q_obs [n, num_q_heads, head_dim] (e.g. a prompt's last 32 positions): per KV
+    head and channel the RMS over its group's queries, floored at `floor` x the mean power.
+    Host work (the C++ definition, locks::qweight_from_queries); returns float32 [num_kv_heads,
+    head_dim] on q_obs's device. Append it to the summaries list to use it."""
+    check_int("num_kv_heads", num_kv_heads, lo=1)
+    if not isinstance(q_obs, torch.Tensor) or q_obs.dim() != 3:
+        raise ValueError("locks: q_obs must be a [n, num_q_heads, head_dim] tensor")
+    w = _ops.qweight_from_queries(q_obs.detach().float().cpu().contiguous(), num_kv_heads, float(floor))
+    return w.to(q_obs.device)
+
+
+def with_qweight(summaries, qweight: torch.Tensor | None) -> list:
+    """The summaries list for the ops, ending with the query weights when given."""
+    s = list(summaries)
+    return s if qweight is None else s + [qweight]
 
 
 # -- capability, plan, workspace --------------------------------------------------------------

@@ -4,8 +4,8 @@
 namespace locks::eval {
 
 std::vector<std::string> selector_names() {
-  return {"full",   "oracle",        "quest",      "shared_proj", "shadowkv",
-          "rocket", "rocket_snapkv", "locks_fp32", "locks_quant"};
+  return {"full",          "oracle",     "quest",       "shared_proj", "shadowkv",     "rocket",
+          "rocket_snapkv", "locks_fp32", "locks_quant", "locks_wq",    "locks_wq_fp32"};
 }
 
 std::unique_ptr<PageSelector> make_selector(const std::string& name, const SelectorParams& p) {
@@ -18,6 +18,8 @@ std::unique_ptr<PageSelector> make_selector(const std::string& name, const Selec
   if (name == "rocket_snapkv") return make_rocket(p, true);
   if (name == "locks_fp32") return make_locks(p, false);
   if (name == "locks_quant") return make_locks(p, true);
+  if (name == "locks_wq") return make_locks(p, true, true);
+  if (name == "locks_wq_fp32") return make_locks(p, false, true);
   if (name.rfind("lx", 0) == 0) return make_locks_variant(name, p);
   std::string known;
   for (const auto& n : selector_names()) known += (known.empty() ? "" : ", ") + n;

@@ -14,7 +14,8 @@ std::unique_ptr<PageSelector> make_quest();
 std::unique_ptr<PageSelector> make_shared_proj(const SelectorParams& p);
 std::unique_ptr<PageSelector> make_shadowkv(const SelectorParams& p);
 std::unique_ptr<PageSelector> make_rocket(const SelectorParams& p, bool snapkv);
-std::unique_ptr<PageSelector> make_locks(const SelectorParams& p, bool quantized);
+std::unique_ptr<PageSelector> make_locks(const SelectorParams& p, bool quantized,
+                                         bool weighted = false);
 // "lx-..." names: LOCKS summary variants (selector_locks_variant.cpp).
 std::unique_ptr<PageSelector> make_locks_variant(const std::string& name, const SelectorParams& p);
 

@@ -296,3 +296,52 @@ def test_quant_selection_and_update():
     bt2 = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
     ops.summary_update(k, bt2, torch.tensor([32, 33], dtype=torch.int32), s2)
     assert s2.mu_q[1].abs().sum() > 0 and s2.mu_q[[0, 2, 3, 4, 5, 6, 7]].abs().sum() == 0
+
+
+def test_query_weighted_summaries():
+    """Query-weighted summaries (summary.h): weights of ones are the plain summaries bit for bit;
+    at full rank any weights give the exact-mass selection; bad weights are refused."""
+    nb, mb = 40, 20
+    k, _ = make_cache(nb)
+    bt, lens = batch(nb, [300, 250], mb)
+    q = torch.randn(2, 3 * H, D, generator=torch.Generator().manual_seed(4)) * 2
+    ids = torch.arange(nb, dtype=torch.int32)
+    plain, ones = ops.new_summaries(nb, H, D, P, 8), ops.new_summaries(nb, H, D, P, 8)
+    ops.summary_build(k, ids, plain)
+    ops.summary_build(k, ids, ops.with_qweight(ones, torch.ones(H, D)))
+    for a, b in zip(plain, ones):
+        assert torch.equal(a, b)
+    p0, c0 = ops.select_pages(q, plain, bt, lens, 64)
+    p1, c1 = ops.select_pages(q, ops.with_qweight(ones, torch.ones(H, D)), bt, lens, 64)
+    assert torch.equal(p0, p1) and torch.equal(c0, c1)
+
+    w = torch.exp(torch.randn(H, D, generator=torch.Generator().manual_seed(5)) * 1.2)
+    full = ops.new_summaries(nb, H, D, P, P - 1)
+    ops.summary_build(k, ids, ops.with_qweight(full, w))
+    for budget in (32, 64, 128):
+        pages, counts = ops.select_pages(q, ops.with_qweight(full, w), bt, lens, budget)
+        ref = ref_select(q, k, bt, lens, budget)
+        for b in range(2):
+            for g in range(H):
+                assert pages[b, g, : counts[b, g]].tolist() == ref[b][g], (budget, b, g)
+
+    bad = w.clone()
+    bad[1, 3] = 0.0
+    with pytest.raises(ValueError, match=r"qweight.*KV head 1, channel 3"):
+        ops.summary_build(k, ids, ops.with_qweight(full, bad))
+    with pytest.raises(ValueError, match=r"qweight.*expected shape"):
+        ops.select_pages(q, ops.with_qweight(full, w[:, :8].contiguous()), bt, lens, 64)
+
+
+def test_qweight_from_queries_is_the_group_rms_with_a_floor():
+    g = torch.Generator().manual_seed(6)
+    q_obs = torch.randn(5, 3 * H, D, generator=g) * torch.linspace(0.01, 3.0, D)
+    w = ops.qweight_from_queries(q_obs, H)
+    assert w.shape == (H, D) and w.dtype == torch.float32
+    power = q_obs.double().pow(2).view(5, H, 3, D).mean(dim=(0, 2))  # [H, D]
+    want = power.clamp_min(1e-2 * power.mean(dim=1, keepdim=True)).sqrt()
+    torch.testing.assert_close(w.double(), want, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="num_q_heads must be a multiple"):
+        ops.qweight_from_queries(q_obs[:, :5], H)
+    with pytest.raises(ValueError, match="NaN"):
+        ops.qweight_from_queries(torch.full((1, 2 * H, D), float("nan")), H)

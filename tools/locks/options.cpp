@@ -24,11 +24,11 @@ void check_rank_and_budget(int rank, int page_size, const SelectConfig& select) 
 }
 
 EvalOptions parse_eval_options(const std::vector<std::string>& args) {
-  const Args o(
-      args,
-      {"--capture", "--out", "--budgets", "--methods", "--page-size", "--rank", "--basis-rank",
-       "--rocket-dims", "--sink", "--recent", "--snapkv-keep", "--outlier-share", "--title"},
-      {"--no-plots", "--per-query", "--force"});
+  const Args o(args,
+               {"--capture", "--out", "--budgets", "--methods", "--page-size", "--rank",
+                "--basis-rank", "--rocket-dims", "--sink", "--recent", "--snapkv-keep",
+                "--outlier-share", "--qweight-floor", "--title"},
+               {"--no-plots", "--per-query", "--force"});
   EvalOptions e;
   eval::EvalConfig& cfg = e.cfg;
   e.capture = o.required("--capture");
@@ -52,6 +52,7 @@ EvalOptions parse_eval_options(const std::vector<std::string>& args) {
   cfg.params.snapkv_keep = o.real("--snapkv-keep", cfg.params.snapkv_keep, 1.0, 1e6);
   cfg.params.shadow_outlier_share =
       o.real("--outlier-share", cfg.params.shadow_outlier_share, 0.0, 0.5);
+  cfg.params.qweight_floor = o.real("--qweight-floor", cfg.params.qweight_floor, 1e-6, 1.0);
   for (int b : cfg.budgets)
     check_rank_and_budget(cfg.params.rank, cfg.page_size, {b, cfg.sink_pages, cfg.recent_pages});
   return e;
