@@ -56,12 +56,12 @@ namespace locks {
 
 struct SuperLayout {
   int64_t num_slots = 0;  // storage slots (super-pages) held
-  int group_pages = 16;   // S: pages per super-page
+  int group_pages = 32;   // S: pages per super-page
   int page_size = 16;     // P
   int num_kv_heads = 1;
   int head_dim = 128;
   int rank = 8;  // R: rank of the group basis
-  bool extent = false;
+  bool extent = true;
 };
 
 // Throws unless 2 <= S <= 256, 1 <= R <= min(32, head_dim), head_dim even, P in [2, 256].
@@ -115,13 +115,15 @@ struct SuperTableView {
 
 enum class GroupAgg : int { lse = 0, max = 1 };
 
+// Defaults: the design chosen by measurement (docs/study_hierarchical.md): S = 32, R = 8,
+// extent on, alpha 8, LSE.
 struct TwoLevelConfig {
   int min_groups = 4;
-  double alpha = 2.0;         // kept groups cover alpha x the budget's page slots
+  double alpha = 8.0;         // kept groups cover alpha x the budget's page slots
   int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
   double gamma = 0.0;         // weight of the centroid residual radius
   GroupAgg agg = GroupAgg::lse;
-  bool use_extent = false;  // needs an extent layout
+  bool use_extent = true;  // needs an extent layout
 };
 
 // Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0, gamma < 0 or
@@ -132,6 +134,19 @@ void validate_two_level(const TwoLevelConfig& cfg);
 // (selects_all) case, also -1 here when len_tokens <= budget_tokens.
 int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
                 int group_pages, int64_t len_tokens);
+
+// The byte model (docs/study_hierarchical.md): what one decode step reads per (sequence,
+// KV head) at len tokens, bf16 K+V and the stored codes; the kept groups as groups_kept says
+// (plus one group each for sink and recent pages when asked for), the open group's full
+// pages read at level 2 too. On a fallback level1 is 0 and level2 is every page summary.
+struct StepBytes {
+  double level1 = 0, level2 = 0, attended = 0;
+  double flat = 0;   // flat LOCKS: every page summary + attended
+  double dense = 0;  // every token's K+V
+  double total() const { return level1 + level2 + attended; }
+};
+StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pages,
+                               const TwoLevelConfig& cfg, const SelectConfig& sel, int64_t len);
 
 namespace cpu {
 // Builds the super summaries of n groups: group i's pages are the physical blocks

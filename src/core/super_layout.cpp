@@ -98,4 +98,35 @@ int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_siz
   return m;
 }
 
+StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pages,
+                               const TwoLevelConfig& cfg, const SelectConfig& sel, int64_t len) {
+  validate_super_layout(super);
+  validate_summary_layout(pages);
+  LOCKS_REQUIRE(len >= 1, "len must be >= 1, got ", len);
+  LOCKS_REQUIRE(super.page_size == pages.page_size && super.head_dim == pages.head_dim,
+                "super and page layouts disagree on page size or head_dim");
+  const int P = pages.page_size, S = super.group_pages;
+  const double kv_token = 2.0 * 2.0 * pages.head_dim;  // bf16 K and V
+  const double page_b = double(summary_bytes_per_page(pages));
+  const int64_t full = rules::full_pages(len, P), complete = full / S;
+  StepBytes r;
+  r.dense = double(len) * kv_token;
+  r.attended = double(std::min<int64_t>(sel.budget_tokens, len)) * kv_token;
+  r.flat = rules::selects_all(sel.budget_tokens, len) ? r.dense : full * page_b + r.attended;
+  if (rules::selects_all(sel.budget_tokens, len)) {
+    r.attended = r.dense;
+    return r;
+  }
+  const int m = groups_kept(cfg, sel, P, S, len);
+  if (m < 0) {
+    r.level2 = full * page_b;
+    return r;
+  }
+  const int64_t forced = (sel.sink_pages > 0 ? 1 : 0) + (sel.recent_pages > 0 ? 1 : 0);
+  const int64_t kept = std::min<int64_t>(complete, m + forced);
+  r.level1 = double(complete) * double(super_bytes_per_group(super));
+  r.level2 = double(kept * S + (full - complete * S)) * page_b;
+  return r;
+}
+
 }  // namespace locks

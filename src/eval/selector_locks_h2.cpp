@@ -3,15 +3,17 @@
 // and selection. Every step is a library op (cpu::super_build, super_score, select_groups,
 // score_pages_masked); nothing method-specific is computed here.
 //
-// Name: "locks_h2" (the defaults) or "h2" followed by '-'-separated tokens, any order:
-//   sN     pages per super-page S (default 16)
+// Name: "locks_h2" (the defaults: the chosen design, docs/study_hierarchical.md) or "h2"
+// followed by '-'-separated tokens changing them, any order:
+//   sN     pages per super-page S (default 32)
 //   rN     rank R of the group basis (default 8)
-//   aX     alpha: kept groups m = max(min, ceil(alpha * floor(b/P) / S)) (default 2; "a1.5")
+//   aX     alpha: kept groups m = max(min, ceil(alpha * floor(b/P) / S)) (default 8; "a1.5")
 //   mN     minimum kept groups (default 4)
 //   fN     flat fallback below N complete groups (default 8)
 //   gX     gamma, weight of the centroid residual radius (default 0)
 //   max    group score = best page estimate (default: LSE of the page estimates)
-//   ext    per-page extent (min/max of key coefficients in the group basis) in the estimate
+//   cen    centroid estimate only: no per-page extent stored or used (default: extent, the
+//          min/max of the page's key coefficients in the group basis)
 //   p32    fp32 page summaries at level 2 (default: the int4 layout of locks_quant)
 #include <memory>
 #include <sstream>
@@ -26,7 +28,7 @@ namespace locks::eval {
 namespace {
 
 struct H2Spec {
-  int group_pages = 16, rank = 8;
+  int group_pages = 32, rank = 8;
   TwoLevelConfig cfg;
   bool fp32_pages = false;
 };
@@ -48,8 +50,8 @@ H2Spec parse(const std::string& name) {
     const std::string rest = t.substr(1);
     if (t == "max")
       v.cfg.agg = GroupAgg::max;
-    else if (t == "ext")
-      v.cfg.use_extent = true;
+    else if (t == "cen")
+      v.cfg.use_extent = false;
     else if (t == "p32")
       v.fp32_pages = true;
     else if (t[0] == 's')

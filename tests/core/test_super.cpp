@@ -61,6 +61,8 @@ CacheSpec long_spec(bool structured, uint64_t seed) {
 
 TEST(SuperLayout, BytesAtHeadDim128) {
   SuperLayout l;  // S 16, R 8, d 128, P 16
+  l.group_pages = 16;
+  l.extent = false;
   EXPECT_EQ(super_bytes_per_group(l), 128u + 4 + 512 + 32 + 128 + 32 + 16 + 4);
   l.extent = true;
   EXPECT_EQ(super_bytes_per_group(l), 856u + 256 + 32);
@@ -70,6 +72,26 @@ TEST(SuperLayout, BytesAtHeadDim128) {
   EXPECT_LT(super_bytes_per_page(l), summary_bytes_per_page(page) / 15.0);
   l.group_pages = 64;
   EXPECT_LT(super_bytes_per_page(l), summary_bytes_per_page(page) / 40.0);
+}
+
+TEST(SuperLayout, ByteModelAtOneMillionTokens) {
+  // Per KV head at d 128 (Llama-3.1-8B and GLM-4-9B alike: the ratio does not depend on the
+  // number of KV heads at batch 1): flat LOCKS is summary-bound under 10x; two levels are not.
+  const SummaryLayout page = summary_layout_for({1, 16, 1, 128, DType::f32}, 8, Precision::quant);
+  const SuperLayout super;  // S 32, R 8, extent
+  const TwoLevelConfig cfg;  // alpha 8
+  const int64_t len = int64_t(1) << 20;
+  for (int b : {512, 2048}) {
+    const StepBytes s = two_level_step_bytes(super, page, cfg, {b, 0, 0}, len);
+    EXPECT_DOUBLE_EQ(s.dense, double(len) * 512);
+    EXPECT_DOUBLE_EQ(s.level1, 2048.0 * super_bytes_per_group(super));
+    EXPECT_LT(s.dense / s.flat, 10.0);
+    EXPECT_GT(s.dense / s.total(), 20.0) << "b " << b;
+  }
+  // Short context: the fallback reads every page summary and no super summary.
+  const StepBytes fb = two_level_step_bytes(super, page, cfg, {512, 0, 0}, 4096);
+  EXPECT_EQ(fb.level1, 0.0);
+  EXPECT_DOUBLE_EQ(fb.level2 + fb.attended, fb.flat);
 }
 
 TEST(SuperLayout, RejectsBadLayoutsAndConfigs) {
@@ -96,7 +118,8 @@ TEST(SuperLayout, RejectsBadLayoutsAndConfigs) {
 }
 
 TEST(SuperRule, GroupsKeptAndFallbacks) {
-  TwoLevelConfig c;  // min 4, alpha 2, flat below 8 groups
+  TwoLevelConfig c;
+  c.alpha = 2;  // min 4, flat below 8 groups
   SelectConfig sel;
   sel.budget_tokens = 512;  // 32 page slots
   const int P = 16, S = 16;
@@ -193,6 +216,7 @@ TEST(SuperScore, MatchesReferenceInEveryMode) {
     TestCache t = make_cache(long_spec(structured, 6));
     Supers plain = build_supers(t, 4, 3, false), ext = build_supers(t, 4, 3, true);
     TwoLevelConfig c;
+    c.use_extent = false;
     check_scores_match(t, plain, c);
     c.agg = GroupAgg::max;
     c.gamma = 0.5;
@@ -210,7 +234,9 @@ TEST(SuperScore, PlantedGroupsScoreHighest) {
   Supers s = build_supers(t, 4, 4, false);
   const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, MG = s.max_groups;
   std::vector<float> gs(size_t(B) * Hq * MG);
-  cpu::super_score(s.store->view(), s.view(), t.bv(), t.qv(), t.scale(), {}, gs.data());
+  TwoLevelConfig c;
+  c.use_extent = false;
+  cpu::super_score(s.store->view(), s.view(), t.bv(), t.qv(), t.scale(), c, gs.data());
   for (auto [b, page] : t.relevant) {
     const int grp = page / 4;
     if (grp >= t.bv().seq_lens[b] / 16 / 4) continue;  // in the open group
@@ -311,6 +337,8 @@ TEST(TwoLevel, FindsPlantedPagesAndFallsBackToFlat) {
   SummaryStore ps = build_summaries(t, 8, Precision::quant);
   const int B = t.bv().batch_size, Hkv = 2;
   TwoLevelConfig c;
+  c.alpha = 2;
+  c.use_extent = false;
   c.min_groups = 2;
   c.flat_below_groups = 4;
   SelectConfig sel{64, 0, 0};  // 4 slots: 2 groups kept of 9-12

@@ -40,6 +40,7 @@ TEST(SuperRef, EstimateFromHandMadeCodes) {
   const float q[4] = {2, 3, 0, 4};  // q.M = 1, w = 3, |q_perp| = sqrt(29 - 9) = sqrt(20)
   const float scale = 0.5f;
   TwoLevelConfig c;
+  c.use_extent = false;
   const double logP = std::log(16.0);
   EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 0, q, scale, c), logP + 0.5 * (1 + 3), 1e-6);
   EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 1, q, scale, c), logP + 0.5 * (1 - 6), 1e-6);
@@ -64,6 +65,7 @@ TEST(SuperRef, GroupScoreIsLseOrMaxOfPageEstimates) {
   l.page_size = 16;
   l.head_dim = 2;
   l.rank = 1;
+  l.extent = false;
   SuperStore st(l);
   SuperView v = st.view();
   v.basis_q[0] = 0x07;  // W = (1, 0)
@@ -77,6 +79,7 @@ TEST(SuperRef, GroupScoreIsLseOrMaxOfPageEstimates) {
   const SuperTableView tv{table, 2, 2};
   double out[2];
   TwoLevelConfig c;
+  c.use_extent = false;
   ref::super_score(v, tv, batch, {q, 1}, 1.0f, c, out);
   const double logP = std::log(16.0);
   EXPECT_NEAR(out[0], logP + std::log(std::exp(1.0) + std::exp(2.0)), 1e-6);
