@@ -35,9 +35,10 @@
 //   complete groups C = floor(full_pages / S) have a super summary; the pages after them
 //   (the "open" group: at most S - 1 full pages and the tail) have none and are always
 //   scored at level 2, like the tail page of flat LOCKS;
-//   kept groups m = max(min_groups, ceil(alpha * k / S)); the groups holding the sink and
-//   recent pages are kept on top of the m best by the GQA share-averaged group score
-//   (score.h's rule applied to groups);
+//   kept groups m = max(min_groups, ceil(alpha * k / S)); the first `first_groups` groups
+//   (attention sinks: real models put much of their mass on the first tokens, which a
+//   group's summary dilutes) and the groups holding the sink and recent pages are kept on
+//   top of the m best by the GQA share-averaged group score (score.h's rule on groups);
 //   fallback to flat (every page scored): b >= seq_len, C < flat_below_groups, or m >= C.
 // The page mask [batch, H, max_blocks] then drives score_pages_masked, and the usual
 // aggregate_gqa + select_pages choose the pages (pages outside the mask score -inf).
@@ -121,13 +122,14 @@ struct TwoLevelConfig {
   int min_groups = 4;
   double alpha = 8.0;         // kept groups cover alpha x the budget's page slots
   int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
+  int first_groups = 1;       // always kept, on top of the m best (>= 0)
   double gamma = 0.0;         // weight of the centroid residual radius
   GroupAgg agg = GroupAgg::lse;
   bool use_extent = true;  // needs an extent layout
 };
 
-// Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0, gamma < 0 or
-// not finite.
+// Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0,
+// first_groups < 0, gamma < 0 or not finite.
 void validate_two_level(const TwoLevelConfig& cfg);
 // Groups kept by the rule above for a sequence of `full_pages` full pages, or -1 when the
 // step falls back to flat scoring (every page scored). budget_tokens >= len is the caller's
@@ -137,7 +139,7 @@ int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_siz
 
 // The byte model (docs/study_hierarchical.md): what one decode step reads per (sequence,
 // KV head) at len tokens, bf16 K+V and the stored codes; the kept groups as groups_kept says
-// (plus one group each for sink and recent pages when asked for), the open group's full
+// (plus first_groups, and one group each for sink and recent pages when asked for), the open group's full
 // pages read at level 2 too. On a fallback level1 is 0 and level2 is every page summary.
 struct StepBytes {
   double level1 = 0, level2 = 0, attended = 0;

@@ -79,6 +79,7 @@ void validate_two_level(const TwoLevelConfig& cfg) {
   LOCKS_REQUIRE(std::isfinite(cfg.alpha) && cfg.alpha >= 1.0,
                 "alpha must be finite and >= 1 (kept groups must hold the budget), got ",
                 cfg.alpha);
+  LOCKS_REQUIRE(cfg.first_groups >= 0, "first_groups must be >= 0, got ", cfg.first_groups);
   LOCKS_REQUIRE(cfg.flat_below_groups >= 0, "flat_below_groups must be >= 0, got ",
                 cfg.flat_below_groups);
   LOCKS_REQUIRE(std::isfinite(cfg.gamma) && cfg.gamma >= 0.0,
@@ -122,7 +123,8 @@ StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pa
     r.level2 = full * page_b;
     return r;
   }
-  const int64_t forced = (sel.sink_pages > 0 ? 1 : 0) + (sel.recent_pages > 0 ? 1 : 0);
+  const int64_t forced =
+      cfg.first_groups + (sel.sink_pages > 0 ? 1 : 0) + (sel.recent_pages > 0 ? 1 : 0);
   const int64_t kept = std::min<int64_t>(complete, m + forced);
   r.level1 = double(complete) * double(super_bytes_per_group(super));
   r.level2 = double(kept * S + (full - complete * S)) * page_b;

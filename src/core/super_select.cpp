@@ -1,7 +1,7 @@
 // cpu::select_groups (super_summary.h): which pages level 2 scores. Per (sequence, KV head)
 // the groups' head scores are share-averaged over the query heads (score.h's rule, applied
-// to groups), the m best complete groups are kept with the groups of the sink and recent
-// pages, and the open group (full pages after the last complete group) and the tail page are
+// to groups), the m best complete groups are kept with the first groups and the groups of
+// the sink and recent pages, and the open group (full pages after the last complete group) and the tail page are
 // always in. Work per group is tiny (1/S of the pages), so this runs in double.
 #include <algorithm>
 #include <cmath>
@@ -67,6 +67,7 @@ void select_groups(const float* group_head_scores, const SuperTableView& table,
     auto force_page = [&](int p) {
       if (p >= 0 && p < C * S) keep[p / S] = 1;
     };
+    for (int j = 0; j < std::min(cfg.first_groups, C); ++j) keep[j] = 1;
     for (int p = 0; p < std::min(sel.sink_pages, full); ++p) force_page(p);
     for (int p = std::max(0, full - sel.recent_pages); p < full; ++p) force_page(p);
     std::vector<int> order(C);

@@ -10,6 +10,7 @@
 //   aX     alpha: kept groups m = max(min, ceil(alpha * floor(b/P) / S)) (default 8; "a1.5")
 //   mN     minimum kept groups (default 4)
 //   fN     flat fallback below N complete groups (default 8)
+//   kN     always keep the first N groups (default 1: the attention sink's group)
 //   gX     gamma, weight of the centroid residual radius (default 0)
 //   max    group score = best page estimate (default: LSE of the page estimates)
 //   cen    centroid estimate only: no per-page extent stored or used (default: extent, the
@@ -64,6 +65,8 @@ H2Spec parse(const std::string& name) {
       v.cfg.min_groups = int(parse_num(rest, name));
     else if (t[0] == 'f')
       v.cfg.flat_below_groups = int(parse_num(rest, name));
+    else if (t[0] == 'k')
+      v.cfg.first_groups = int(parse_num(rest, name));
     else if (t[0] == 'g')
       v.cfg.gamma = parse_num(rest, name);
     else

@@ -118,6 +118,7 @@ void select_groups(const double* group_head_scores, const SuperTableView& table,
         a[j] = mx + std::log(tot / G);
       }
       std::vector<char> keep(C, 0);
+      for (int64_t j = 0; j < std::min<int64_t>(cfg.first_groups, C); ++j) keep[j] = 1;
       for (int64_t p = 0; p < std::min<int64_t>(sel.sink_pages, full); ++p)
         if (p < C * S) keep[p / S] = 1;
       for (int64_t p = std::max<int64_t>(0, full - sel.recent_pages); p < full; ++p)

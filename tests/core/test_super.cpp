@@ -113,6 +113,10 @@ TEST(SuperLayout, RejectsBadLayoutsAndConfigs) {
   c.min_groups = 0;
   EXPECT_THROW(validate_two_level(c), InvalidArgument);
   c.min_groups = 1;
+  c.first_groups = -1;
+  EXPECT_THROW(validate_two_level(c), InvalidArgument);
+  c.first_groups = 0;
+  c.min_groups = 1;
   c.gamma = -1;
   EXPECT_THROW(validate_two_level(c), InvalidArgument);
 }
@@ -263,9 +267,11 @@ TEST(SelectGroups, MatchesReferenceAndKeepsGuards) {
   c.min_groups = 2;
   c.alpha = 1.0;
   c.flat_below_groups = 3;
+  for (int first : {0, 2})
   for (int sink : {0, 1})
     for (int recent : {0, 2})
       for (int budget : {64, 128, 200}) {
+        c.first_groups = first;
         SelectConfig sel{budget, sink, recent};
         std::vector<uint8_t> got(size_t(B) * Hkv * M, 7), want(got.size(), 9);
         cpu::select_groups(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, got.data());
@@ -279,13 +285,14 @@ TEST(SelectGroups, MatchesReferenceAndKeepsGuards) {
             for (int j = C * 4; j < n_pages; ++j) EXPECT_EQ(m[j], 1) << "open group / tail";
             for (int j = n_pages; j < M; ++j) EXPECT_EQ(m[j], 0);
             for (int j = 0; j < sink; ++j) EXPECT_EQ(m[j], 1) << "sink";
+            for (int j = 0; j < first * 4; ++j) EXPECT_EQ(m[j], 1) << "first groups";
             for (int j = full - recent; j < full; ++j) EXPECT_EQ(m[j], 1) << "recent";
             int kept = 0;
             for (int j = 0; j < C; ++j) kept += m[j * 4];
             const int mk = groups_kept(c, sel, 16, 4, len);
             ASSERT_GT(mk, 0);
             EXPECT_GE(kept, mk);
-            EXPECT_LE(kept, mk + (sink > 0) + (recent > 0 ? 1 : 0));
+            EXPECT_LE(kept, mk + first + (sink > 0) + (recent > 0 ? 1 : 0));
           }
       }
 }
@@ -339,6 +346,7 @@ TEST(TwoLevel, FindsPlantedPagesAndFallsBackToFlat) {
   TwoLevelConfig c;
   c.alpha = 2;
   c.use_extent = false;
+  c.first_groups = 0;
   c.min_groups = 2;
   c.flat_below_groups = 4;
   SelectConfig sel{64, 0, 0};  // 4 slots: 2 groups kept of 9-12
