@@ -117,10 +117,13 @@ struct SuperTableView {
 enum class GroupAgg : int { lse = 0, max = 1 };
 
 // Defaults: the design chosen by measurement (docs/study_hierarchical.md): S = 32, R = 8,
-// extent on, alpha 8, LSE.
+// extent on, LSE, alpha = S = 32, i.e. one kept group per budget page slot (m = k): even
+// when every page the budget needs lies in a different group (scattered relevance), level 2
+// can still reach all of them; at 1M tokens this costs k * S page summaries (3.4 MB per KV
+// head at b = 2048) and the step stays ~70x under dense in bytes.
 struct TwoLevelConfig {
   int min_groups = 4;
-  double alpha = 8.0;         // kept groups cover alpha x the budget's page slots
+  double alpha = 32.0;        // kept groups cover alpha x the budget's page slots
   int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
   int first_groups = 1;       // always kept, on top of the m best (>= 0)
   double gamma = 0.0;         // weight of the centroid residual radius
