@@ -27,6 +27,9 @@
 //   centroid mode: e_p = log P + scale * (q.M + w.a_p + gamma |q_perp| r_p)
 //   extent mode:   e_p = log P + scale * (q.M + sum_k max(w_k hi_pk, w_k lo_pk)
 //                                         + gamma |q_perp| r_p)
+//   mixed mode (extent + mix): e_p = log(P exp(scale c_p) + exp(scale x_p)), c_p and x_p the
+//                                 centroid and extent expressions above (page mass as its
+//                                 centroid's plus its best key's bound)
 // gamma = 0 is an estimate; gamma = 1 with the extent makes the centroid part an upper bound
 // (within quantization) of the best key's in-basis logit. Group score = LSE_p e_p ("lse",
 // the group's estimated mass) or max_p e_p ("max", its best page).
@@ -129,6 +132,7 @@ struct TwoLevelConfig {
   double gamma = 0.0;         // weight of the centroid residual radius
   GroupAgg agg = GroupAgg::lse;
   bool use_extent = true;  // needs an extent layout
+  bool mix = false;        // with use_extent: the mixed estimate
 };
 
 // Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0,
@@ -137,13 +141,14 @@ void validate_two_level(const TwoLevelConfig& cfg);
 // Groups kept by the rule above for a sequence of `full_pages` full pages, or -1 when the
 // step falls back to flat scoring (every page scored). budget_tokens >= len is the caller's
 // (selects_all) case, also -1 here when len_tokens <= budget_tokens.
-int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
-                int group_pages, int64_t len_tokens);
+int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size, int group_pages,
+                int64_t len_tokens);
 
 // The byte model (docs/study_hierarchical.md): what one decode step reads per (sequence,
 // KV head) at len tokens, bf16 K+V and the stored codes; the kept groups as groups_kept says
-// (plus first_groups, and one group each for sink and recent pages when asked for), the open group's full
-// pages read at level 2 too. On a fallback level1 is 0 and level2 is every page summary.
+// (plus first_groups, and one group each for sink and recent pages when asked for), the open
+// group's full pages read at level 2 too. On a fallback level1 is 0 and level2 is every page
+// summary.
 struct StepBytes {
   double level1 = 0, level2 = 0, attended = 0;
   double flat = 0;   // flat LOCKS: every page summary + attended

@@ -174,7 +174,8 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
       const int b = static_cast<int>(item / (int64_t(M) * Hkv));
       const int full_pages = batch.seq_lens[b] / P;
       float* dst = head_scores + (int64_t(b) * Hq + int64_t(g) * G) * M + j;  // head g*G
-      if (j >= full_pages || (page_mask != nullptr && page_mask[(int64_t(b) * Hkv + g) * M + j] == 0)) {
+      if (j >= full_pages ||
+          (page_mask != nullptr && page_mask[(int64_t(b) * Hkv + g) * M + j] == 0)) {
         for (int h = 0; h < G; ++h) dst[int64_t(h) * M] = kNegInf;
         continue;
       }

@@ -38,8 +38,8 @@ SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head) {
   LOCKS_REQUIRE(slot >= 0 && slot < l.num_slots, "super slot ", slot, " out of range [0, ",
                 l.num_slots, ")");
   LOCKS_REQUIRE(head >= 0 && head < l.num_kv_heads, "head ", head, " out of range");
-  LOCKS_REQUIRE(s.mu_q && s.mu_scale && s.basis_q && s.basis_scale && s.coord_q &&
-                    s.coord_scale && s.radius_q && s.radius_scale,
+  LOCKS_REQUIRE(s.mu_q && s.mu_scale && s.basis_q && s.basis_scale && s.coord_q && s.coord_scale &&
+                    s.radius_q && s.radius_scale,
                 "super summary arrays are null");
   LOCKS_REQUIRE(!l.extent || (s.lo_q && s.hi_q && s.extent_scale), "extent arrays are null");
   const int d = l.head_dim, R = l.rank, S = l.group_pages;
@@ -86,8 +86,9 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
   validate_super_layout(l);
   validate_layout(cache.layout);
   LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
-  LOCKS_REQUIRE(cache.layout.page_size == l.page_size && cache.layout.num_kv_heads ==
-                    l.num_kv_heads && cache.layout.head_dim == l.head_dim,
+  LOCKS_REQUIRE(cache.layout.page_size == l.page_size &&
+                    cache.layout.num_kv_heads == l.num_kv_heads &&
+                    cache.layout.head_dim == l.head_dim,
                 "super layout (page_size ", l.page_size, ", kv heads ", l.num_kv_heads,
                 ", head_dim ", l.head_dim, ") does not match the cache");
   LOCKS_REQUIRE(n >= 0, "n must be >= 0, got ", n);
@@ -96,8 +97,7 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
   LOCKS_REQUIRE(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coord_q &&
                     out.coord_scale && out.radius_q && out.radius_scale,
                 "super summary arrays are null");
-  LOCKS_REQUIRE(!l.extent || (out.lo_q && out.hi_q && out.extent_scale),
-                "extent arrays are null");
+  LOCKS_REQUIRE(!l.extent || (out.lo_q && out.hi_q && out.extent_scale), "extent arrays are null");
   const int S = l.group_pages, P = l.page_size, d = l.head_dim, R = l.rank;
   const int H = l.num_kv_heads;
   for (int64_t i = 0; i < n; ++i) {
@@ -169,8 +169,7 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
       radius[p] = (dev.transpose() - W.transpose() * a).norm();
     }
     for (int k = 0; k < R; ++k)
-      out.coord_scale[gh * R + k] =
-          quant8(coord.data() + k, S, R, out.coord_q + gh * S * R + k, R);
+      out.coord_scale[gh * R + k] = quant8(coord.data() + k, S, R, out.coord_q + gh * S * R + k, R);
     double rmax = 0;
     for (int p = 0; p < S; ++p) rmax = std::max(rmax, radius[p]);
     const double rs = rmax / 255.0;

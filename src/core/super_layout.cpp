@@ -24,10 +24,10 @@ void validate_super_layout(const SuperLayout& s) {
 size_t super_bytes_per_group(const SuperLayout& s) {
   validate_super_layout(s);
   const size_t d = s.head_dim, R = s.rank, S = s.group_pages;
-  size_t b = d + 4;            // centroid int8 + scale
-  b += R * d / 2 + 4 * R;      // basis int4 + row scales
-  b += S * R + 4 * R;          // centroid coordinates int8 + per-k scales
-  b += S + 4;                  // radii uint8 + scale
+  size_t b = d + 4;                      // centroid int8 + scale
+  b += R * d / 2 + 4 * R;                // basis int4 + row scales
+  b += S * R + 4 * R;                    // centroid coordinates int8 + per-k scales
+  b += S + 4;                            // radii uint8 + scale
   if (s.extent) b += 2 * S * R + 4 * R;  // lo / hi int8 + per-k scales
   return b;
 }
@@ -82,12 +82,12 @@ void validate_two_level(const TwoLevelConfig& cfg) {
   LOCKS_REQUIRE(cfg.first_groups >= 0, "first_groups must be >= 0, got ", cfg.first_groups);
   LOCKS_REQUIRE(cfg.flat_below_groups >= 0, "flat_below_groups must be >= 0, got ",
                 cfg.flat_below_groups);
-  LOCKS_REQUIRE(std::isfinite(cfg.gamma) && cfg.gamma >= 0.0,
-                "gamma must be finite and >= 0, got ", cfg.gamma);
+  LOCKS_REQUIRE(std::isfinite(cfg.gamma) && cfg.gamma >= 0.0, "gamma must be finite and >= 0, got ",
+                cfg.gamma);
 }
 
-int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
-                int group_pages, int64_t len_tokens) {
+int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size, int group_pages,
+                int64_t len_tokens) {
   validate_two_level(cfg);
   LOCKS_REQUIRE(page_size >= 1 && group_pages >= 1, "page_size and group_pages must be >= 1");
   if (rules::selects_all(sel.budget_tokens, len_tokens)) return -1;

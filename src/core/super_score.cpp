@@ -47,8 +47,8 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
   for (int b = 0; b < batch.batch_size; ++b)
     for (int j = 0; j < complete_groups(batch.seq_lens[b], P, S); ++j) {
       const int32_t slot = table.table[int64_t(b) * table.stride + j];
-      LOCKS_REQUIRE(slot >= 0 && slot < l.num_slots, "super table entry (", b, ", ", j, ") = ",
-                    slot, " out of range [0, ", l.num_slots, ")");
+      LOCKS_REQUIRE(slot >= 0 && slot < l.num_slots, "super table entry (", b, ", ", j,
+                    ") = ", slot, " out of range [0, ", l.num_slots, ")");
     }
   const float logP = std::log(float(P));
   const int64_t items = int64_t(batch.batch_size) * Hkv * MG;
@@ -75,14 +75,20 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
       const float qperp = std::sqrt(std::max(detail::dot(qh, qh, d) - w2, 0.0f));
       float m = kNegInf;
       for (int p = 0; p < S; ++p) {
-        float x = qM + float(cfg.gamma) * qperp * sg.radius[p];
-        if (cfg.use_extent) {
+        const float base = qM + float(cfg.gamma) * qperp * sg.radius[p];
+        float cen = base, ext = base;
+        for (int k = 0; k < R; ++k) cen += w[k] * sg.coord[size_t(p) * R + k];
+        if (cfg.use_extent)
           for (int k = 0; k < R; ++k)
-            x += std::max(w[k] * sg.hi[size_t(p) * R + k], w[k] * sg.lo[size_t(p) * R + k]);
-        } else {
-          for (int k = 0; k < R; ++k) x += w[k] * sg.coord[size_t(p) * R + k];
+            ext += std::max(w[k] * sg.hi[size_t(p) * R + k], w[k] * sg.lo[size_t(p) * R + k]);
+        if (!cfg.use_extent) {
+          est[p] = logP + scale * cen;
+        } else if (!cfg.mix) {
+          est[p] = logP + scale * ext;
+        } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
+          const float a = logP + scale * cen, b = scale * ext, hi = std::max(a, b);
+          est[p] = hi + std::log(std::exp(a - hi) + std::exp(b - hi));
         }
-        est[p] = logP + scale * x;
         m = std::max(m, est[p]);
       }
       float score = m;

@@ -1,8 +1,8 @@
 // cpu::select_groups (super_summary.h): which pages level 2 scores. Per (sequence, KV head)
 // the groups' head scores are share-averaged over the query heads (score.h's rule, applied
 // to groups), the m best complete groups are kept with the first groups and the groups of
-// the sink and recent pages, and the open group (full pages after the last complete group) and the tail page are
-// always in. Work per group is tiny (1/S of the pages), so this runs in double.
+// the sink and recent pages, and the open group (full pages after the last complete group) and the
+// tail page are always in. Work per group is tiny (1/S of the pages), so this runs in double.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,8 +25,7 @@ void select_groups(const float* group_head_scores, const SuperTableView& table,
   detail::check_batch_shape(batch, page_size, __func__);
   LOCKS_REQUIRE(group_pages >= 2 && group_pages <= 256, "group_pages must be in [2, 256], got ",
                 group_pages);
-  LOCKS_REQUIRE(num_kv_heads >= 1 && num_q_heads >= num_kv_heads &&
-                    num_q_heads % num_kv_heads == 0,
+  LOCKS_REQUIRE(num_kv_heads >= 1 && num_q_heads >= num_kv_heads && num_q_heads % num_kv_heads == 0,
                 "num_q_heads (", num_q_heads, ") must be a positive multiple of num_kv_heads (",
                 num_kv_heads, ")");
   LOCKS_REQUIRE(group_head_scores != nullptr && page_mask != nullptr,

@@ -16,6 +16,7 @@
 //   max    group score = best page estimate (default: LSE of the page estimates)
 //   cen    centroid estimate only: no per-page extent stored or used (default: extent, the
 //          min/max of the page's key coefficients in the group basis)
+//   mix    mixed page estimate: log(P e^{centroid} + e^{extent bound}) (super_summary.h)
 //   p32    fp32 page summaries at level 2 (default: the int4 layout of locks_quant)
 #include <memory>
 #include <sstream>
@@ -36,8 +37,8 @@ struct H2Spec {
 };
 
 double parse_num(const std::string& s, const std::string& name) {
-  LOCKS_REQUIRE(!s.empty() && s.find_first_not_of("0123456789.") == std::string::npos,
-                "method ", name, ": bad number '", s, "'");
+  LOCKS_REQUIRE(!s.empty() && s.find_first_not_of("0123456789.") == std::string::npos, "method ",
+                name, ": bad number '", s, "'");
   return std::stod(s);
 }
 
@@ -54,6 +55,8 @@ H2Spec parse(const std::string& name) {
       v.cfg.agg = GroupAgg::max;
     else if (t == "cen")
       v.cfg.use_extent = false;
+    else if (t == "mix")
+      v.cfg.mix = true;
     else if (t == "p32")
       v.fp32_pages = true;
     else if (t[0] == 's')
@@ -134,8 +137,7 @@ class LocksH2 final : public PageSelector {
     std::vector<uint8_t> mask(size_t(ctx.steps) * ctx.kv_heads * ctx.num_pages);
     cpu::select_groups(gs.data(), t, ctx.batch, ctx.q_heads, ctx.kv_heads, ctx.page_size,
                        v_.group_pages, cfg, v_.cfg, mask.data());
-    cpu::score_pages_masked(pages_->view(), ctx.batch, ctx.q, ctx.scale, mask.data(),
-                            head_scores);
+    cpu::score_pages_masked(pages_->view(), ctx.batch, ctx.q, ctx.scale, mask.data(), head_scores);
     // Bytes: a fallback row reads every page summary; otherwise level 1 (every complete
     // group) plus the page summaries of the masked full pages.
     const double page_b = double(summary_bytes_per_page(page_layout(ctx)));
@@ -153,7 +155,8 @@ class LocksH2 final : public PageSelector {
   }
 
   double metadata_bytes_per_page(const LayerContext& ctx) const override {
-    return double(summary_bytes_per_page(page_layout(ctx))) + super_bytes_per_page(super_layout(ctx));
+    return double(summary_bytes_per_page(page_layout(ctx))) +
+           super_bytes_per_page(super_layout(ctx));
   }
   double scoring_bytes_per_step(const LayerContext& ctx) const override {
     return ctx.num_full_pages * double(summary_bytes_per_page(page_layout(ctx)));

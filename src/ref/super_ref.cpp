@@ -31,16 +31,21 @@ double super_page_estimate(const SuperView& s, int32_t slot, int head, int page,
     qM += double(q[c]) * g.mu[c];
     q2 += double(q[c]) * q[c];
   }
-  double x = qM;
+  double cen = qM, ext = qM;
   for (int k = 0; k < R; ++k) {
     double w = 0;
     for (int c = 0; c < d; ++c) w += double(q[c]) * g.basis[size_t(k) * d + c];
     w2 += w * w;
     const size_t i = size_t(page) * R + k;
-    x += cfg.use_extent ? std::max(w * g.hi[i], w * g.lo[i]) : w * g.coord[i];
+    cen += w * g.coord[i];
+    if (cfg.use_extent) ext += std::max(w * g.hi[i], w * g.lo[i]);
   }
-  x += cfg.gamma * std::sqrt(std::max(q2 - w2, 0.0)) * g.radius[page];
-  return std::log(double(l.page_size)) + double(scale) * x;
+  const double rad = cfg.gamma * std::sqrt(std::max(q2 - w2, 0.0)) * g.radius[page];
+  const double logP = std::log(double(l.page_size));
+  if (!cfg.use_extent) return logP + double(scale) * (cen + rad);
+  if (!cfg.mix) return logP + double(scale) * (ext + rad);
+  return std::log(l.page_size * std::exp(double(scale) * (cen + rad)) +
+                  std::exp(double(scale) * (ext + rad)));
 }
 
 void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,

@@ -78,7 +78,7 @@ TEST(SuperLayout, ByteModelAtOneMillionTokens) {
   // Per KV head at d 128 (Llama-3.1-8B and GLM-4-9B alike: the ratio does not depend on the
   // number of KV heads at batch 1): flat LOCKS is summary-bound under 10x; two levels are not.
   const SummaryLayout page = summary_layout_for({1, 16, 1, 128, DType::f32}, 8, Precision::quant);
-  const SuperLayout super;  // S 32, R 8, extent
+  const SuperLayout super;   // S 32, R 8, extent
   const TwoLevelConfig cfg;  // alpha 32: one group per page slot
   const int64_t len = int64_t(1) << 20;
   for (int b : {512, 2048}) {
@@ -227,6 +227,8 @@ TEST(SuperScore, MatchesReferenceInEveryMode) {
     check_scores_match(t, plain, c);
     c.use_extent = true;
     check_scores_match(t, ext, c);
+    c.mix = true;
+    check_scores_match(t, ext, c);
     EXPECT_THROW(check_scores_match(t, plain, c), InvalidArgument);  // no extent stored
   }
 }
@@ -268,33 +270,33 @@ TEST(SelectGroups, MatchesReferenceAndKeepsGuards) {
   c.alpha = 1.0;
   c.flat_below_groups = 3;
   for (int first : {0, 2})
-  for (int sink : {0, 1})
-    for (int recent : {0, 2})
-      for (int budget : {64, 128, 200}) {
-        c.first_groups = first;
-        SelectConfig sel{budget, sink, recent};
-        std::vector<uint8_t> got(size_t(B) * Hkv * M, 7), want(got.size(), 9);
-        cpu::select_groups(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, got.data());
-        ref::select_groups(gs64.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, want.data());
-        EXPECT_EQ(got, want) << sink << " " << recent << " " << budget;
-        for (int b = 0; b < B; ++b)
-          for (int g = 0; g < Hkv; ++g) {
-            const uint8_t* m = got.data() + (size_t(b) * Hkv + g) * M;
-            const int len = t.bv().seq_lens[b], full = len / 16, C = full / 4;
-            const int n_pages = (len + 15) / 16;
-            for (int j = C * 4; j < n_pages; ++j) EXPECT_EQ(m[j], 1) << "open group / tail";
-            for (int j = n_pages; j < M; ++j) EXPECT_EQ(m[j], 0);
-            for (int j = 0; j < sink; ++j) EXPECT_EQ(m[j], 1) << "sink";
-            for (int j = 0; j < first * 4; ++j) EXPECT_EQ(m[j], 1) << "first groups";
-            for (int j = full - recent; j < full; ++j) EXPECT_EQ(m[j], 1) << "recent";
-            int kept = 0;
-            for (int j = 0; j < C; ++j) kept += m[j * 4];
-            const int mk = groups_kept(c, sel, 16, 4, len);
-            ASSERT_GT(mk, 0);
-            EXPECT_GE(kept, mk);
-            EXPECT_LE(kept, mk + first + (sink > 0) + (recent > 0 ? 1 : 0));
-          }
-      }
+    for (int sink : {0, 1})
+      for (int recent : {0, 2})
+        for (int budget : {64, 128, 200}) {
+          c.first_groups = first;
+          SelectConfig sel{budget, sink, recent};
+          std::vector<uint8_t> got(size_t(B) * Hkv * M, 7), want(got.size(), 9);
+          cpu::select_groups(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, got.data());
+          ref::select_groups(gs64.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, want.data());
+          EXPECT_EQ(got, want) << sink << " " << recent << " " << budget;
+          for (int b = 0; b < B; ++b)
+            for (int g = 0; g < Hkv; ++g) {
+              const uint8_t* m = got.data() + (size_t(b) * Hkv + g) * M;
+              const int len = t.bv().seq_lens[b], full = len / 16, C = full / 4;
+              const int n_pages = (len + 15) / 16;
+              for (int j = C * 4; j < n_pages; ++j) EXPECT_EQ(m[j], 1) << "open group / tail";
+              for (int j = n_pages; j < M; ++j) EXPECT_EQ(m[j], 0);
+              for (int j = 0; j < sink; ++j) EXPECT_EQ(m[j], 1) << "sink";
+              for (int j = 0; j < first * 4; ++j) EXPECT_EQ(m[j], 1) << "first groups";
+              for (int j = full - recent; j < full; ++j) EXPECT_EQ(m[j], 1) << "recent";
+              int kept = 0;
+              for (int j = 0; j < C; ++j) kept += m[j * 4];
+              const int mk = groups_kept(c, sel, 16, 4, len);
+              ASSERT_GT(mk, 0);
+              EXPECT_GE(kept, mk);
+              EXPECT_LE(kept, mk + first + (sink > 0) + (recent > 0 ? 1 : 0));
+            }
+        }
 }
 
 TEST(ScorePagesMasked, EqualsFlatScoresOnTheMask) {
@@ -316,9 +318,9 @@ TEST(ScorePagesMasked, EqualsFlatScoresOnTheMask) {
         else
           EXPECT_EQ(masked[i], kNegInfF);
       }
-  EXPECT_THROW(cpu::score_pages_masked(ps.view(), t.bv(), t.qv(), t.scale(), nullptr,
-                                       masked.data()),
-               InvalidArgument);
+  EXPECT_THROW(
+      cpu::score_pages_masked(ps.view(), t.bv(), t.qv(), t.scale(), nullptr, masked.data()),
+      InvalidArgument);
 }
 
 // The whole two-level step: level 1, group choice, level 2, share-averaging, selection.

@@ -52,8 +52,11 @@ TEST(SuperRef, EstimateFromHandMadeCodes) {
   EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 0, q, scale, c), logP + 0.5 * (1 + 3 * 3.0), 1e-6);
   EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 1, q, scale, c), logP + 0.5 * (1 - 3 * 1.0), 1e-6);
   const float qn[4] = {2, -3, 0, 4};  // w < 0: the lower end counts
-  EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 1, qn, scale, c), logP + 0.5 * (1 + 3 * 3.0),
-              1e-6);
+  EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 1, qn, scale, c), logP + 0.5 * (1 + 3 * 3.0), 1e-6);
+  c.mix = true;  // centroid term 16 e^{0.5 (1 + 3)} plus extent term e^{0.5 (1 + 9)}
+  EXPECT_NEAR(ref::super_page_estimate(v, 0, 0, 0, q, scale, c),
+              std::log(16 * std::exp(2.0) + std::exp(5.0)), 1e-6);
+  c.mix = false;
   EXPECT_THROW(ref::super_page_estimate(v, 1, 0, 0, q, scale, c), InvalidArgument);
   EXPECT_THROW(ref::super_page_estimate(v, 0, 0, 2, q, scale, c), InvalidArgument);
 }
