@@ -13,6 +13,7 @@
 #include "internal/simd_clones.h"
 #include "locks/error.h"
 #include "locks/score.h"
+#include "locks/super_summary.h"
 
 namespace locks::cpu {
 namespace {
@@ -114,6 +115,16 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
   impl::score_pages(summaries, batch, q, scale, head_scores, sc.view());
 }
 
+void score_pages_masked(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                        float scale, const uint8_t* page_mask, float* head_scores) {
+  LOCKS_REQUIRE(page_mask != nullptr, "page_mask is null");
+  const SummaryLayout& l = summaries.layout;
+  const int G = l.num_kv_heads >= 1 ? q.num_q_heads / l.num_kv_heads : 0;
+  const detail::OwnedScratch sc(
+      detail::checked_bytes(impl::score_scratch_bytes, G, l.rank, l.head_dim, l.page_size));
+  impl::score_pages(summaries, batch, q, scale, head_scores, sc.view(), page_mask);
+}
+
 size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
   using detail::carve_bytes;
   return carve_bytes<float>(size_t(d)) + carve_bytes<float>(size_t(G) * r) +
@@ -122,7 +133,8 @@ size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
 }
 
 void impl::score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
-                       float scale, float* head_scores, const detail::ThreadScratch& sc) {
+                       float scale, float* head_scores, const detail::ThreadScratch& sc,
+                       const uint8_t* page_mask) {
   const SummaryLayout& sl = summaries.layout;
   validate_summary_layout(sl);
   detail::check_batch_blocks(batch, sl.num_blocks, sl.page_size, __func__);
@@ -165,7 +177,8 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
       const int b = static_cast<int>(item / (int64_t(M) * Hkv));
       const int full_pages = batch.seq_lens[b] / P;
       float* dst = head_scores + (int64_t(b) * Hq + int64_t(g) * G) * M + j;  // head g*G
-      if (j >= full_pages) {
+      if (j >= full_pages ||
+          (page_mask != nullptr && page_mask[(int64_t(b) * Hkv + g) * M + j] == 0)) {
         for (int h = 0; h < G; ++h) dst[int64_t(h) * M] = kNegInf;
         continue;
       }

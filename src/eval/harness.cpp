@@ -71,13 +71,13 @@ void eval_layer(const LayerContext& ctx, int layer, const EvalConfig& cfg, EvalR
     const auto t0 = clock::now();
     selector->prepare(ctx);
     const double meta_share = selector->metadata_bytes_per_page(ctx) / bf16_kv_bytes_per_page(ctx);
-    const double scoring = selector->scoring_bytes_per_step(ctx);
     for (int b : cfg.budgets) {
       SelectConfig sc;
       sc.budget_tokens = b;
       sc.sink_pages = cfg.sink_pages;
       sc.recent_pages = cfg.recent_pages;
       MethodRun run = run_selector(*selector, ctx, sc);
+      const double scoring = selector->scoring_bytes_at(ctx, sc);
       for (int s = 0; s < ctx.steps; ++s) {
         for (int h = 0; h < ctx.q_heads; ++h) {
           const size_t o = (size_t(s) * ctx.q_heads + h) * d;

@@ -21,6 +21,7 @@ std::unique_ptr<PageSelector> make_selector(const std::string& name, const Selec
   if (name == "locks_wq") return make_locks(p, true, true);
   if (name == "locks_wq_fp32") return make_locks(p, false, true);
   if (name.rfind("lx", 0) == 0) return make_locks_variant(name, p);
+  if (name == "locks_h2" || name.rfind("h2", 0) == 0) return make_locks_h2(name, p);
   std::string known;
   for (const auto& n : selector_names()) known += (known.empty() ? "" : ", ") + n;
   LOCKS_REQUIRE(false, "unknown method \"", name, "\" (known: ", known, ")");

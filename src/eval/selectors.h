@@ -18,5 +18,7 @@ std::unique_ptr<PageSelector> make_locks(const SelectorParams& p, bool quantized
                                          bool weighted = false);
 // "lx-..." names: LOCKS summary variants (selector_locks_variant.cpp).
 std::unique_ptr<PageSelector> make_locks_variant(const std::string& name, const SelectorParams& p);
+// "locks_h2" and "h2-..." names: two-level LOCKS (selector_locks_h2.cpp).
+std::unique_ptr<PageSelector> make_locks_h2(const std::string& name, const SelectorParams& p);
 
 }  // namespace locks::eval

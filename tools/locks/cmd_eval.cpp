@@ -22,6 +22,8 @@ constexpr const char* kUsage =
     "                  [--snapkv-keep 4] [--outlier-share 0.015625] [--qweight-floor 0.01]\n"
     "                  [--title TEXT]\n"
     "                  [--no-plots] [--per-query] [--force]\n"
+    "--methods also takes LOCKS variants lx-... (src/eval/selector_locks_variant.cpp) and\n"
+    "two-level LOCKS locks_h2 / h2-... (src/eval/selector_locks_h2.cpp, docs/study_hierarchical.md).\n"
     "Writes OUT/table.md, results.csv, results.json (and per_query.csv with --per-query),\n"
     "recall_vs_budget.png, recall_p5_vs_budget.png, error_vs_budget.png,\n"
     "recall_gap_vs_budget.png, recall_vs_bytes.png; prints the table.\n"

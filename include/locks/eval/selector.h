@@ -53,6 +53,11 @@ class PageSelector {
   virtual double metadata_bytes_per_page(const LayerContext& ctx) const = 0;
   // Bytes read per decode step per KV head to score every page (metadata or keys).
   virtual double scoring_bytes_per_step(const LayerContext& ctx) const = 0;
+  // The same after score() ran at this budget: a selector whose reads depend on the budget
+  // (the two-level LOCKS reads page summaries only inside the groups it keeps) overrides it.
+  virtual double scoring_bytes_at(const LayerContext& ctx, const SelectConfig&) const {
+    return scoring_bytes_per_step(ctx);
+  }
 };
 
 struct SelectorParams {

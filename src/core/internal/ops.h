@@ -25,8 +25,11 @@ size_t attention_scratch_bytes(int page_size, int head_dim);
 size_t attention_shared_bytes(int batch, int num_kv_heads, int num_q_heads, int max_blocks,
                               int head_dim);
 
+// page_mask [batch, num_kv_heads, max_blocks] (optional): pages with 0 score -inf unread
+// (the level-2 step of the two-level selection, super_summary.h).
 void score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
-                 float scale, float* head_scores, const detail::ThreadScratch& sc);
+                 float scale, float* head_scores, const detail::ThreadScratch& sc,
+                 const uint8_t* page_mask = nullptr);
 void aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_heads,
                    int num_kv_heads, float* group_scores, const detail::ThreadScratch& sc);
 void select_pages(const float* group_scores, const BatchView& batch, int num_kv_heads,

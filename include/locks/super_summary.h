@@ -1,0 +1,201 @@
+// Two-level ("hierarchical") LOCKS: a second, coarser summary per group of S consecutive
+// logical pages of a sequence (a "super-page"), so that a decode step scores the groups,
+// then reads the page summaries only inside the best groups (docs/study_hierarchical.md).
+//
+// Why: at 1M tokens the flat LOCKS step reads every page summary (836 B per 16-token page
+// and KV head, 10.2% of bf16 K+V), so no flat scheme passes ~10x fewer bytes than dense.
+// The super summary costs about 1/16..1/40 of the page summaries it covers.
+//
+// The super summary of group G (pages p = 0..S-1 of the group, P keys each), per KV head:
+//   M       mean of the group's S*P keys                          int8 [d], one scale
+//   W       top-R eigenvectors of the covariance of those keys about M (rows)
+//                                                                  int4 [R, d], scale per row
+//   a_p     coordinates of page p's centroid: a_p = W (mu_p - M)  int8 [S, R], scale per k
+//   r_p     residual radius of page p's centroid: |mu_p - M - W^T a_p|   uint8 [S], one scale
+//   extent (optional): per page and k, the min and max over its keys of W_k (k_i - M)
+//           lo_p, hi_p                                             int8 [S, R] each, scale per k
+// Storage (SoA, slot s = super-page storage id, H = num_kv_heads):
+//   mu_q [slots, H, d] int8, mu_scale [slots, H]; basis_q [slots, H, R, d/2] (int4 as in
+//   summary.h: low nibble = even dim), basis_scale [slots, H, R]; coord_q [slots, H, S, R],
+//   coord_scale [slots, H, R]; radius_q [slots, H, S] uint8, radius_scale [slots, H];
+//   lo_q, hi_q [slots, H, S, R] int8, extent_scale [slots, H, R] (extent layouts only).
+// Quantization: symmetric round-to-nearest (int8 [-127, 127], int4 [-7, 7]); radii and
+// extents round outward (radius up, lo down, hi up) so that a bound survives the codes. A
+// zero range gives scale 0 and codes 0.
+//
+// Estimated log mass of page p under query q (w = W q, |q_perp|^2 = max(|q|^2 - |w|^2, 0)):
+//   centroid mode: e_p = log P + scale * (q.M + w.a_p + gamma |q_perp| r_p)
+//   extent mode:   e_p = log P + scale * (q.M + sum_k max(w_k hi_pk, w_k lo_pk)
+//                                         + gamma |q_perp| r_p)
+//   mixed mode (extent + mix): e_p = log(P exp(scale c_p) + exp(scale x_p)), c_p and x_p the
+//                                 centroid and extent expressions above (page mass as its
+//                                 centroid's plus its best key's bound)
+// gamma = 0 is an estimate; gamma = 1 with the extent makes the centroid part an upper bound
+// (within quantization) of the best key's in-basis logit. Group score = LSE_p e_p ("lse",
+// the group's estimated mass) or max_p e_p ("max", its best page).
+//
+// Two-level selection per (sequence, KV head), budget b tokens, k = floor(b / P) slots:
+//   complete groups C = floor(full_pages / S) have a super summary; the pages after them
+//   (the "open" group: at most S - 1 full pages and the tail) have none and are always
+//   scored at level 2, like the tail page of flat LOCKS;
+//   kept groups m = max(min_groups, ceil(alpha * k / S)); the first `first_groups` groups
+//   (attention sinks: real models put much of their mass on the first tokens, which a
+//   group's summary dilutes) and the groups holding the sink and recent pages are kept on
+//   top of the m best by the GQA share-averaged group score (score.h's rule on groups);
+//   fallback to flat (every page scored): b >= seq_len, C < flat_below_groups, or m >= C.
+// The page mask [batch, H, max_blocks] then drives score_pages_masked, and the usual
+// aggregate_gqa + select_pages choose the pages (pages outside the mask score -inf).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "locks/kv_cache.h"
+#include "locks/score.h"
+#include "locks/select.h"
+#include "locks/summary.h"
+
+namespace locks {
+
+struct SuperLayout {
+  int64_t num_slots = 0;  // storage slots (super-pages) held
+  int group_pages = 32;   // S: pages per super-page
+  int page_size = 16;     // P
+  int num_kv_heads = 1;
+  int head_dim = 128;
+  int rank = 8;  // R: rank of the group basis
+  bool extent = true;
+};
+
+// Throws unless 2 <= S <= 256, 1 <= R <= min(32, head_dim), head_dim even, P in [2, 256].
+void validate_super_layout(const SuperLayout& s);
+// Bytes of one (super-page, KV head) summary, and per page it covers.
+size_t super_bytes_per_group(const SuperLayout& s);
+double super_bytes_per_page(const SuperLayout& s);
+
+struct SuperView {
+  SuperLayout layout;
+  int8_t* mu_q = nullptr;
+  float* mu_scale = nullptr;
+  uint8_t* basis_q = nullptr;
+  float* basis_scale = nullptr;
+  int8_t* coord_q = nullptr;
+  float* coord_scale = nullptr;
+  uint8_t* radius_q = nullptr;
+  float* radius_scale = nullptr;
+  int8_t* lo_q = nullptr;  // extent only
+  int8_t* hi_q = nullptr;
+  float* extent_scale = nullptr;
+};
+
+// One (slot, KV head) decoded to floats: mu [d], basis [R*d], coord [S*R], radius [S], and
+// lo, hi [S*R] (empty without extent). What every backend and the reference score from.
+struct SuperGroupF {
+  std::vector<float> mu, basis, coord, radius, lo, hi;
+};
+SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head);
+
+class SuperStore {
+ public:
+  explicit SuperStore(const SuperLayout& layout);
+  SuperView view();
+  const SuperLayout& layout() const { return layout_; }
+
+ private:
+  SuperLayout layout_;
+  std::vector<int8_t> mu_q_, coord_q_, lo_q_, hi_q_;
+  std::vector<uint8_t> basis_q_, radius_q_;
+  std::vector<float> mu_scale_, basis_scale_, coord_scale_, radius_scale_, extent_scale_;
+};
+
+// Which storage slot holds group g of sequence b: table[b * stride + g] (complete groups
+// only are read; entries of other groups may be anything).
+struct SuperTableView {
+  const int32_t* table = nullptr;
+  int64_t stride = 0;
+  int max_groups_per_seq = 0;  // >= ceil(max_blocks_per_seq / S)
+};
+
+enum class GroupAgg : int { lse = 0, max = 1 };
+
+// Defaults: the design chosen by measurement (docs/study_hierarchical.md): S = 32, R = 8,
+// extent on, LSE, alpha = S = 32, i.e. one kept group per budget page slot (m = k): even
+// when every page the budget needs lies in a different group (scattered relevance), level 2
+// can still reach all of them; at 1M tokens this costs k * S page summaries (3.4 MB per KV
+// head at b = 2048) and the step stays ~70x under dense in bytes.
+struct TwoLevelConfig {
+  int min_groups = 4;
+  double alpha = 32.0;        // kept groups cover alpha x the budget's page slots
+  int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
+  int first_groups = 1;       // always kept, on top of the m best (>= 0)
+  double gamma = 0.0;         // weight of the centroid residual radius
+  GroupAgg agg = GroupAgg::lse;
+  bool use_extent = true;  // needs an extent layout
+  bool mix = false;        // with use_extent: the mixed estimate
+};
+
+// Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0,
+// first_groups < 0, gamma < 0 or not finite.
+void validate_two_level(const TwoLevelConfig& cfg);
+// Groups kept by the rule above for a sequence of `full_pages` full pages, or -1 when the
+// step falls back to flat scoring (every page scored). budget_tokens >= len is the caller's
+// (selects_all) case, also -1 here when len_tokens <= budget_tokens.
+int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size, int group_pages,
+                int64_t len_tokens);
+
+// The byte model (docs/study_hierarchical.md): what one decode step reads per (sequence,
+// KV head) at len tokens, bf16 K+V and the stored codes; the kept groups as groups_kept says
+// (plus first_groups, and one group each for sink and recent pages when asked for), the open
+// group's full pages read at level 2 too. On a fallback level1 is 0 and level2 is every page
+// summary.
+struct StepBytes {
+  double level1 = 0, level2 = 0, attended = 0;
+  double flat = 0;   // flat LOCKS: every page summary + attended
+  double dense = 0;  // every token's K+V
+  double total() const { return level1 + level2 + attended; }
+};
+StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pages,
+                               const TwoLevelConfig& cfg, const SelectConfig& sel, int64_t len);
+
+namespace cpu {
+// Builds the super summaries of n groups: group i's pages are the physical blocks
+// group_blocks[i * S .. i * S + S) (all full), written to slot slots[i], every KV head.
+// Eigen's self-adjoint eigensolver on the d x d covariance, in double. Throws on
+// non-finite keys, ids out of range, or a layout that does not match the cache.
+void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
+                 int64_t n, const SuperView& out);
+
+// group_head_scores [batch, num_q_heads, max_groups_per_seq]: the group score of every
+// complete group, -inf for the others.
+void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
+                 const QueryView& q, float scale, const TwoLevelConfig& cfg,
+                 float* group_head_scores);
+
+// page_mask [batch, num_kv_heads, max_blocks_per_seq]: 1 for the pages level 2 scores (kept
+// groups, the open group, the tail; every page on a fallback), 0 elsewhere.
+void select_groups(const float* group_head_scores, const SuperTableView& table,
+                   const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                   int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                   uint8_t* page_mask);
+
+// score_pages (score.h) on the masked pages only; -inf elsewhere (and at the tail page).
+// page_mask [batch, num_kv_heads, max_blocks_per_seq].
+void score_pages_masked(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                        float scale, const uint8_t* page_mask, float* head_scores);
+}  // namespace cpu
+
+namespace ref {
+// Float64 restatements (codes dequantized, arithmetic in double) of the cpu:: ops above.
+double super_page_estimate(const SuperView& s, int32_t slot, int head, int page, const float* q,
+                           float scale, const TwoLevelConfig& cfg);
+void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
+                 const QueryView& q, float scale, const TwoLevelConfig& cfg,
+                 double* group_head_scores);
+void select_groups(const double* group_head_scores, const SuperTableView& table,
+                   const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                   int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                   uint8_t* page_mask);
+}  // namespace ref
+
+}  // namespace locks
