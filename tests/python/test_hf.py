@@ -109,24 +109,25 @@ def test_enable_makes_generate_use_locks(smol):
 
 
 def test_query_weights_calibrated_at_prefill(smol):
-    # query_weighted (default): each LOCKS layer's weights come from the prompt's last queries;
-    # off: plain summaries. Both decode the same tokens when the budget covers the context.
+    # query_weighted=True: each LOCKS layer's weights come from the prompt's last queries;
+    # False, and the default at SmolLM2's head_dim 64 (auto: on at 256 only): plain summaries.
     model, tok = smol
     ids = corpus.token_ids(tok, "gpl3", 300)
     H, d = model.config.num_key_value_heads, model.config.head_dim
     caches = {}
-    for weighted in (True, False):
+    for weighted in (True, False, None):
         cache = lhf.LocksCache(model.config, budget=64, query_weighted=weighted)
         with evaluate.attn_implementation(model, lhf.ATTN_NAME):
             model(ids, past_key_values=cache, use_cache=True)
         caches[weighted] = cache
         for layer in cache.layers:
-            if weighted:
+            if weighted is True:
                 assert layer.qweight.shape == (H, d) and bool((layer.qweight > 0).all())
             else:
                 assert layer.qweight is None
     w0 = caches[True].layers[0].qweight
     assert w0.max() / w0.min() > 4  # real queries are far from isotropic
+    assert lhf.LocksConfig().weighted_for(256) and not lhf.LocksConfig().weighted_for(128)
     with pytest.raises(TypeError, match="query_weighted must be a bool"):
         lhf.LocksConfig(query_weighted=1).validate()
     with pytest.raises(ValueError, match="obs_window"):
