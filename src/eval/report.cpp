@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 
 #include "locks/error.h"
 #include "locks/io/files.h"
@@ -75,8 +76,11 @@ std::string markdown_table(const EvalResult& r) {
   os << "Capture: model `" << m.model << "`, layers " << m.num_layers << ", tokens " << m.tokens
      << ", steps " << m.steps << ", kv_heads " << m.kv_heads << ", q_heads " << m.q_heads
      << ", head_dim " << m.head_dim << ", keys " << m.keys << ". Page size " << r.cfg.page_size
-     << ", sink " << r.cfg.sink_pages << ", recent " << r.cfg.recent_pages << ", LOCKS rank "
-     << r.cfg.params.rank << ".\n\n";
+     << ", sink " << r.cfg.sink_pages << ", recent " << r.cfg.recent_pages
+     << (r.cfg.tau > 0 ? ", adaptive budget tau " + std::to_string(r.cfg.tau) + " floor " +
+                             std::to_string(r.cfg.floor_pages) + " pages (budget = ceiling)"
+                       : std::string())
+     << ", LOCKS rank " << r.cfg.params.rank << ".\n\n";
   os << pivot(
             r, "Attention-mass recall, mean", [](const Aggregate& a) { return a.recall_mean; }, 3)
      << "\n";
@@ -150,6 +154,8 @@ void write_json(const std::string& path, const EvalResult& r) {
                  {"page_size", r.cfg.page_size},
                  {"sink_pages", r.cfg.sink_pages},
                  {"recent_pages", r.cfg.recent_pages},
+                 {"tau", r.cfg.tau},
+                 {"floor_pages", r.cfg.floor_pages},
                  {"rank", p.rank},
                  {"basis_rank", p.basis_rank > 0 ? p.basis_rank : m.head_dim / 4},
                  {"rocket_dims", p.rocket_dims > 0 ? p.rocket_dims : m.head_dim / 4},
