@@ -65,8 +65,8 @@ def _rows(pages, counts):
 
 
 def test_adaptive_budget_keeps_the_capacity_and_trims_the_count():
-    nb, mb, budget = 40, 20, 160  # 10 slots; lengths 300 / 130: 18 / 8 full pages + a tail
-    k, v, bt, sl, q, s = setup(nb, [300, 130], mb, "fp32")
+    nb, mb, budget = 40, 20, 160  # 10 slots; lengths 300 / 200: 18 / 12 full pages + a tail
+    k, v, bt, sl, q, s = setup(nb, [300, 200], mb, "fp32")
     fixed = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 2, budget, "fp32"))
     fp, fc = fixed.select(q, s, bt, sl)
     ws = torch.empty(locks.workspace_bytes(**plan_kwargs(nb, mb, 2, budget, "fp32", tau=0.5)), dtype=torch.uint8)
