@@ -45,7 +45,7 @@ def fmt(x: float | None, digits: int = 4) -> str:
 def compare(fixed_dir: str, tau_dirs: list[str]) -> str:
     fixed = load(fixed_dir)
     out = ["| method | tau | ceiling | attended (mean tokens) | recall adaptive | recall fixed, same tokens "
-           "| gain | rel. L2 adaptive | rel. L2 fixed, same tokens |",
+           "| gain | recall p5 adaptive / fixed | rel. L2 adaptive / fixed |",
            "|---|---|---|---|---|---|---|---|---|"]
     for d in tau_dirs:
         run = load(d)
@@ -54,9 +54,11 @@ def compare(fixed_dir: str, tau_dirs: list[str]) -> str:
             m, att = r["method"], r["attended_mean"]
             rec = interpolate(ladder(fixed, m, "recall_mean"), att)
             err = interpolate(ladder(fixed, m, "err_mean"), att)
+            p5 = interpolate(ladder(fixed, m, "recall_p5"), att)
             gain = None if rec is None else r["recall_mean"] - rec
             out.append(f"| {m} | {tau:g} | {r['budget']} | {att:.0f} | {fmt(r['recall_mean'])} | {fmt(rec)} "
-                       f"| {'n/a' if gain is None else f'{gain:+.4f}'} | {fmt(r['err_mean'])} | {fmt(err)} |")
+                       f"| {'n/a' if gain is None else f'{gain:+.4f}'} | {fmt(r['recall_p5'], 3)} / {fmt(p5, 3)} "
+                       f"| {fmt(r['err_mean'])} / {fmt(err)} |")
     return "\n".join(out)
 
 
