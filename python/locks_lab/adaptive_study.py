@@ -2,6 +2,7 @@
 
     python -m locks_lab.adaptive_study FIXED_DIR TAU_DIR [TAU_DIR ...]
     python -m locks_lab.adaptive_study --per-layer TAU_DIR METHOD CEILING
+    python -m locks_lab.adaptive_study --bracket TAU_DIR [TAU_DIR ...]   # budgets for FIXED_DIR
 
 FIXED_DIR: a `locks eval` output over a ladder of fixed budgets; each TAU_DIR: the same capture
 and methods with `--tau T` (its budgets are ceilings). For every (method, ceiling) of a TAU_DIR
@@ -72,9 +73,23 @@ def per_layer(tau_dir: str, method: str, budget: int) -> str:
     return "\n".join(out)
 
 
+def bracket(tau_dirs: list[str], page_size: int = 16) -> str:
+    """Fixed budgets for the comparison: 16, 32, ..., 4096 plus the multiples of page_size
+    just below and above every adaptive run's mean attended tokens, comma-separated."""
+    out = {16 << i for i in range(9)}
+    for d in tau_dirs:
+        for r in load(d)["results"]:
+            lo = max(page_size, int(r["attended_mean"] // page_size) * page_size)
+            out |= {lo, lo + page_size}
+    return ",".join(str(b) for b in sorted(out))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 4 and argv[0] == "--per-layer":
         print(per_layer(argv[1], argv[2], int(argv[3])))
+        return 0
+    if len(argv) >= 2 and argv[0] == "--bracket":
+        print(bracket(argv[1:]))
         return 0
     if len(argv) < 2 or argv[0].startswith("-"):
         print(__doc__, file=sys.stderr)
