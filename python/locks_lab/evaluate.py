@@ -77,15 +77,16 @@ class Agreement:
     # tokens attended per (step, sequence, KV head): the mean, and the mean per LOCKS layer
     attended_mean: float = 0.0
     attended_per_layer: list[float] = field(default_factory=list)
+    tau: float = 0.0  # the adaptive budget's tau (0: fixed budget)
 
 
 @torch.inference_mode()
 def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | None],
-                   selectors=("locks",), **locks_kwargs) -> tuple[list[Agreement], float]:
+                   selectors=("locks",), taus=(0.0,), **locks_kwargs) -> tuple[list[Agreement], float]:
     """Decode ids[:, prefill:] teacher-forced with FullKV (the model's own dense attention and
-    DynamicCache) and with each selector (locks.hf's selector=) at each budget (one shared
-    prefill, copied per run). Returns (one Agreement per selector x budget, FullKV decode
-    seconds)."""
+    DynamicCache) and with each selector (locks.hf's selector=) at each budget and each tau
+    (0 = fixed budget; one shared prefill, copied per run). Returns (one Agreement per
+    tau x selector x budget, FullKV decode seconds)."""
     from transformers import DynamicCache
 
     kw = hf.cache_kwarg(model)
@@ -94,11 +95,11 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
     results = []
     with attn_implementation(model, hf.ATTN_NAME):
         # the shared prefill is dense: no budget, so no adaptive budget either
-        dense_kw = {k: v for k, v in locks_kwargs.items() if k not in ("tau", "floor_pages")}
+        dense_kw = {k: v for k, v in locks_kwargs.items() if k != "floor_pages"}
         base = hf.LocksCache(model.config, budget=None, **dense_kw)
         model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: base})
-        for sel, b in [(sel, b) for sel in selectors for b in budgets]:
-            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, **locks_kwargs))
+        for tau, sel, b in [(t, sel, b) for t in taus for sel in selectors for b in budgets]:
+            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, tau=tau, **locks_kwargs))
             att: list[list[float]] = []
             got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True, attended=att)
             per_layer = [sum(col) / len(col) for col in zip(*att)] if att and att[0] else []
@@ -107,7 +108,7 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
             agree = [bool((g.argmax(-1) == r.argmax(-1)).all()) for g, r in zip(got, ref)]
             results.append(Agreement(b, len(kls), sum(agree) / len(agree), sum(kls) / len(kls),
                                      max(kls), s, kls, sel,
-                                     sum(per_layer) / len(per_layer) if per_layer else 0.0, per_layer))
+                                     sum(per_layer) / len(per_layer) if per_layer else 0.0, per_layer, tau))
     return results, ref_s
 
 
