@@ -23,7 +23,7 @@ struct DecodeParams {
   int num_q_heads = 1;
   int max_batch = 1;           // batch.batch_size of every run is in [1, max_batch]
   int max_blocks_per_seq = 1;  // batch.max_blocks_per_seq of every run is in [1, this]
-  SelectConfig select;         // budget_tokens, sink_pages, recent_pages
+  SelectConfig select;         // budget_tokens, sink_pages, recent_pages, tau, floor_pages
   float scale = 0.0f;          // softmax scale; 0 = 1/sqrt(head_dim)
   // CUDA knobs (0 = chosen by the plan). Pages per tensor-core scoring block: 32, 64 or 128.
   int score_chunk_pages = 0;
@@ -75,7 +75,7 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5301;  // "LOCKS" v1
+  static constexpr int64_t kTag = 0x4c4f434b5302;  // "LOCKS" v2 (v2: tau, floor_pages)
   static constexpr size_t kNumInts = 64;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

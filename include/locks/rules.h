@@ -43,6 +43,41 @@ LOCKS_HD constexpr bool budget_valid(int64_t budget_tokens, int sink_pages, int 
 LOCKS_HD constexpr bool selects_all(int64_t budget_tokens, int64_t len) {
   return budget_tokens >= len;
 }
+// The adaptive budget (select.h, docs/method.md): tau = 0 is the fixed budget, else tau in
+// (0, 1]; NaN fails every comparison, so it is invalid too. floor_pages >= 0, and with
+// tau > 0 at most the scored slots of the budget (the floor cannot exceed the ceiling).
+LOCKS_HD constexpr bool tau_valid(float tau) { return tau == 0.0f || (tau > 0.0f && tau <= 1.0f); }
+LOCKS_HD constexpr int64_t scored_slots(int64_t budget_tokens, int sink_pages, int recent_pages,
+                                        int page_size) {
+  return budget_pages(budget_tokens, page_size) - reserved_pages(sink_pages, recent_pages);
+}
+LOCKS_HD constexpr bool floor_valid(int floor_pages, int64_t budget_tokens, int sink_pages,
+                                    int recent_pages, int page_size) {
+  return floor_pages >= 0 &&
+         floor_pages <= scored_slots(budget_tokens, sink_pages, recent_pages, page_size);
+}
+// How many of the top-scored candidate pages the adaptive budget keeps: the fewest m in
+// [min(floor, hi), hi] with covered(m) >= tau * total, else hi (hi = the pages the fixed
+// budget would take by score). covered(m): the estimated mass of the always-attended full
+// pages plus the m best-scored candidates, total: of every full page, both shifted by the
+// same constant. covered is non-decreasing in m, so a binary search finds m with
+// O(log hi) calls; on CUDA covered() is a block-wide reduction, called by every thread.
+// A NaN mass (a total that is not finite) fails every comparison: the fixed budget.
+template <typename CoveredFn>
+LOCKS_HD constexpr int adaptive_pages(int floor_pages, int hi, float tau, double total,
+                                      CoveredFn covered) {
+  int lo = floor_pages < hi ? floor_pages : hi;
+  const double target = double(tau) * total;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (covered(mid) >= target)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 // Slots per (sequence, KV head): min(ceil(b / P), max_blocks_per_seq).
 LOCKS_HD constexpr int select_capacity(int64_t budget_tokens, int page_size,
                                        int max_blocks_per_seq) {
@@ -63,6 +98,10 @@ LOCKS_HD constexpr int64_t slot_filled_block(int64_t slot, int page_size) {
 
 static_assert(select_capacity(20, 16, 100) == 2, "b = 20, P = 16 needs 2 slots");
 static_assert(budget_valid(16, 0, 0, 16) && !budget_valid(15, 0, 0, 16), "one page at least");
+static_assert(tau_valid(0.0f) && tau_valid(1.0f) && !tau_valid(-0.5f) && !tau_valid(1.5f),
+              "tau in {0} u (0, 1]");
+static_assert(adaptive_pages(1, 5, 0.5f, 1.0, [](int m) { return 0.2 * m; }) == 3, "0.6 >= 0.5");
+static_assert(adaptive_pages(4, 5, 0.1f, 1.0, [](int m) { return 0.2 * m; }) == 4, "the floor");
 static_assert(filled_page(16, 1, 16) == 0 && filled_page(17, 1, 16) == -1, "page 0 fills at 16");
 static_assert(slot_filled_block(31, 16) == 1 && slot_filled_block(-1, 16) == -1, "slot rule");
 

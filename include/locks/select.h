@@ -8,6 +8,14 @@
 // attention). Selected logical page indices are written in ascending order.
 // A budget with k < sink_pages + recent_pages + 1 is an error (one slot is reserved for
 // the tail, so that capacity does not depend on the data).
+//
+// Adaptive budget (tau > 0; docs/method.md): step 3 takes only the fewest best-scored pages
+// (at least floor_pages, at most the budget's slots) whose estimated mass, added to that of
+// the sink and recent pages, covers tau of the estimated total. A page's estimated mass is
+// exp(group score); the estimated total is the sum over every full page of the sequence
+// (the tail page has no score and counts in neither). The budget stays the ceiling and the
+// capacity does not change (fixed capacity, variable count: graph-safe); b >= seq_len still
+// selects every page. tau = 0 is the fixed budget.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +28,14 @@ struct SelectConfig {
   int budget_tokens = 2048;
   int sink_pages = 0;
   int recent_pages = 0;
+  float tau = 0.0f;     // adaptive budget: 0 = fixed, else the mass share to cover, in (0, 1]
+  int floor_pages = 1;  // adaptive budget: scored pages kept at least (fewer only when the
+                        // sequence has fewer candidates), in [0, scored slots]
 };
 
-// Throws on a budget too small for sink + recent + tail, or negative counts.
+// Throws on a budget too small for sink + recent + tail, negative counts, tau outside
+// {0} u (0, 1] (NaN included), floor_pages < 0, or with tau > 0 floor_pages above the
+// budget's scored slots floor(b/P) - sink - recent - 1.
 void validate_select(const SelectConfig& cfg, int page_size);
 
 // Slots to allocate per (sequence, KV head): min(ceil(b/P), max_blocks_per_seq). That holds

@@ -58,6 +58,9 @@ PRECISIONS = ("int4", "fp32")
 class LocksConfig:
     """budget: tokens attended per decode step (None: dense decode over the paged cache).
     sink_pages / recent_pages: first / last full pages always kept, inside the budget.
+    tau / floor_pages: the adaptive budget (include/locks/select.h): tau > 0 attends, per step
+    and KV head, only the fewest best-scored pages (at least floor_pages) whose estimated mass
+    covers tau of the estimated total; the budget is the ceiling. LOCKS selector only.
     check_finite: check each decode step's new K/V and query for NaN/Inf and raise instead of
     decoding (a host sync per step: eager only, off by default; docs/python.md, NaN policy)."""
 
@@ -67,6 +70,8 @@ class LocksConfig:
     precision: str = "int4"  # summaries: "int4" (int8 centroid, int4 basis, int8 coeff) or "fp32"
     sink_pages: int = 0
     recent_pages: int = 0
+    tau: float = 0.0  # 0: fixed budget
+    floor_pages: int = 1
     reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
     check_finite: bool = False
     # which pages to attend: "locks" (the summaries), or a baseline for research through the
@@ -88,7 +93,7 @@ class LocksConfig:
     def validate(self) -> None:
         """TypeError for a wrong type (bool is not an int, 16.0 is not an int), ValueError for a
         value out of range; called by enable() and LocksCache() before anything else."""
-        from .ops import check_int
+        from .ops import check_int, check_tau
 
         check_int("page_size", self.page_size, lo=2, hi=256, where="locks")
         check_int("rank", self.rank, lo=1, hi=self.page_size - 1, where="locks",
@@ -96,6 +101,8 @@ class LocksConfig:
         check_int("sink_pages", self.sink_pages, lo=0, where="locks")
         check_int("recent_pages", self.recent_pages, lo=0, where="locks")
         check_int("reserve_tokens", self.reserve_tokens, lo=0, where="locks")
+        check_tau(self.tau, where="locks")
+        check_int("floor_pages", self.floor_pages, lo=0, where="locks")
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(f"locks: precision must be one of {PRECISIONS}, got {self.precision!r}")
         if not isinstance(self.selector, str) or self.selector not in SELECTORS:
@@ -114,6 +121,14 @@ class LocksConfig:
                     f"locks: budget {self.budget} is too small: it must hold sink_pages "
                     f"({self.sink_pages}) + recent_pages ({self.recent_pages}) + the tail page, "
                     f"i.e. at least {need} tokens with page_size {self.page_size}")
+        if self.tau > 0:
+            if self.budget is None or self.selector != "locks":
+                raise ValueError("locks: tau > 0 (the adaptive budget) needs a budget and the "
+                                 f"'locks' selector, got budget {self.budget}, selector {self.selector!r}")
+            slots = self.budget // self.page_size - self.sink_pages - self.recent_pages - 1
+            if self.floor_pages > slots:
+                raise ValueError(f"locks: floor_pages must be in [0, {slots}] (the budget's pages "
+                                 f"beyond sink + recent + tail), got {self.floor_pages}")
 
 
 # The attention function needs the cache that update() was just called on; transformers calls
@@ -313,7 +328,8 @@ class LocksLayer(CacheLayerMixin):
                       max_batch=len(self.lens), max_blocks_per_seq=self.max_blocks, page_size=P,
                       rank=self.cfg.rank, precision=self.cfg.precision, kv_dtype=self.dtype,
                       budget_tokens=budget, sink_pages=self.cfg.sink_pages,
-                      recent_pages=self.cfg.recent_pages, scale=float(scaling), device=self.device)
+                      recent_pages=self.cfg.recent_pages, scale=float(scaling), device=self.device,
+                      tau=self.cfg.tau, floor_pages=self.cfg.floor_pages)
         if params != self._plan_params:
             self._wrapper = self._plans.wrapper(self._slot, params)
             self._plan_params = params

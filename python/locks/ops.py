@@ -68,6 +68,17 @@ def check_int(name: str, value, lo: int | None = None, hi: int | None = INT_MAX,
     return v
 
 
+def check_tau(tau, where: str = "locks") -> float:
+    """The adaptive budget's mass share: 0 (fixed budget) or a real in (0, 1]; NaN, bool
+    and str are refused (the plan re-checks in C++: include/locks/rules.h tau_valid)."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
+        raise TypeError(f"{where}: tau must be a float, got {type(tau).__name__} {tau!r}")
+    t = float(tau)
+    if not (t == 0.0 or 0.0 < t <= 1.0):
+        raise ValueError(f"{where}: tau must be 0 (fixed budget) or in (0, 1], got {t}")
+    return t
+
+
 def _backend(b) -> str:
     """'cpu' / 'cuda' from a backend name or a device."""
     try:
@@ -140,9 +151,12 @@ def supports(backend, *, head_dim: int, page_size: int = 16, group: int = 1,
 def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int, max_batch: int,
          max_blocks_per_seq: int, page_size: int = 16, rank: int = 8, precision: str = "int4",
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
-         recent_pages: int = 0, scale: float | None = None, device="cpu") -> list[int]:
+         recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
+         floor_pages: int = 1) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
-    Element 0 is the workspace size the backend needs, element 1 the selection capacity."""
+    Element 0 is the workspace size the backend needs, element 1 the selection capacity.
+    tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
+    fewest (at least floor_pages) whose estimated mass covers tau of the estimated total."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
@@ -155,7 +169,8 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
             check_int("max_batch", max_batch, lo=1),
             check_int("max_blocks_per_seq", max_blocks_per_seq, lo=1),
             check_int("budget_tokens", budget_tokens, lo=0), check_int("sink_pages", sink_pages, lo=0),
-            check_int("recent_pages", recent_pages, lo=0), float(scale))
+            check_int("recent_pages", recent_pages, lo=0), float(scale), check_tau(tau),
+            check_int("floor_pages", floor_pages, lo=0))
     if backend == "cuda":
         with torch.cuda.device(torch.device(device)):
             return list(_ops.plan(*args))
@@ -259,7 +274,8 @@ def select_pages(q: torch.Tensor, s, block_table: torch.Tensor, seq_lens: torch.
                  budget_tokens: int, sink_pages: int = 0, recent_pages: int = 0,
                  scale: float | None = None, pages: torch.Tensor | None = None,
                  counts: torch.Tensor | None = None,
-                 kv_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+                 kv_dtype: torch.dtype = torch.bfloat16, tau: float = 0.0,
+                 floor_pages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Score pages from summaries, share-average over GQA groups, select under the budget
     (plans and allocates a workspace per call)."""
     prec = precision_of(s)
@@ -267,7 +283,7 @@ def select_pages(q: torch.Tensor, s, block_table: torch.Tensor, seq_lens: torch.
     w = _one_shot(q, block_table, num_kv_heads=coeff.shape[1], page_size=coeff.shape[2],
                   rank=coeff.shape[3], precision=prec, kv_dtype=kv_dtype, num_blocks=coeff.shape[0],
                   budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
-                  scale=scale)
+                  scale=scale, tau=tau, floor_pages=floor_pages)
     return w.select(q, s, block_table, seq_lens, pages=pages, counts=counts)
 
 

@@ -124,15 +124,21 @@ def cmd_fidelity(args) -> int:
     ids = corpus.token_ids(tok, args.source, args.tokens + args.steps).to(model.device)
     t0 = time.perf_counter()
     res, ref_s = evaluate.teacher_forced(model, ids, args.tokens, [int(b) for b in args.budgets.split(",")],
-                                         selectors=args.selectors.split(","))
+                                         selectors=args.selectors.split(","),
+                                         taus=[float(t) for t in args.tau.split(",")],
+                                         floor_pages=args.floor_pages)
     print(f"{args.model}, {args.source}, {args.tokens} tokens + {args.steps} teacher-forced steps "
           f"({time.perf_counter() - t0:.0f} s)")
-    print("| selector | budget | top-1 agreement | mean KL (nats) | max KL |\n|---|---|---|---|---|")
+    print("| selector | tau | budget | attended tokens | top-1 agreement | mean KL (nats) | max KL |\n"
+          "|---|---|---|---|---|---|---|")
     for a in res:
-        print(f"| {a.selector} | {a.budget} | {a.top1_agreement:.3f} | {a.mean_kl:.4f} | {a.max_kl:.3f} |")
+        print(f"| {a.selector} | {a.tau:g} | {a.budget} | {a.attended_mean:.0f} | {a.top1_agreement:.3f} "
+              f"| {a.mean_kl:.4f} | {a.max_kl:.3f} |")
     _write_json(args.json, {"model": args.model, "source": args.source, "tokens": args.tokens, "steps": args.steps,
-                            "rows": [dict(selector=a.selector, budget=a.budget, top1=a.top1_agreement,
-                                          mean_kl=a.mean_kl, max_kl=a.max_kl) for a in res]})
+                            "floor_pages": args.floor_pages,
+                            "rows": [dict(selector=a.selector, tau=a.tau, budget=a.budget, top1=a.top1_agreement,
+                                          mean_kl=a.mean_kl, max_kl=a.max_kl, attended_mean=a.attended_mean,
+                                          attended_per_layer=a.attended_per_layer) for a in res]})
     return 0
 
 
@@ -190,6 +196,10 @@ def main(argv=None) -> int:
     fdl.add_argument("--tokens", type=int, default=8000)
     fdl.add_argument("--steps", type=int, default=256)
     fdl.add_argument("--json")
+    fdl.add_argument("--tau", default="0",
+                     help="comma list of adaptive-budget taus (0 = fixed budget; > 0: the budgets are ceilings, "
+                          "docs/study_adaptive.md)")
+    fdl.add_argument("--floor-pages", type=int, default=1)
     fdl.set_defaults(fn=cmd_fidelity)
 
     c = sub.add_parser("capture", help="write per-layer K, V and decode queries (docs/capture_format.md)")

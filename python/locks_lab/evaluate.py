@@ -29,10 +29,27 @@ def _dense_impl(model) -> str:
     return "sdpa" if impl == hf.ATTN_NAME else impl
 
 
+def _attended_tokens(cache) -> list[float]:
+    """Mean tokens the last decode step attended per (sequence, KV head), one value per LOCKS
+    layer of the cache (the selection's pages; the partial tail page counts its own tokens)."""
+    out = []
+    for layer in getattr(cache, "layers", []):
+        counts = getattr(layer, "last_counts", None)
+        if counts is None:
+            continue
+        P = layer.cfg.page_size
+        lens = torch.tensor(layer.lens, dtype=torch.float64).view(-1, 1)
+        short = (P - lens % P) % P  # the tail page's missing tokens (0: no tail)
+        out.append(float((counts.double().cpu() * P - short).mean()))
+    return out
+
+
 @torch.inference_mode()
-def _forced_logprobs(model, ids: torch.Tensor, prefill: int, cache, kw: str, first=None):
+def _forced_logprobs(model, ids: torch.Tensor, prefill: int, cache, kw: str, first=None,
+                     attended: list | None = None):
     """Log-probs of the next token at each decode step, teacher-forced on ids[:, prefill:].
-    Returns (list of [B, V] float32 log-prob tensors, seconds spent decoding)."""
+    Returns (list of [B, V] float32 log-prob tensors, seconds spent decoding). attended: if a
+    list, gets each step's _attended_tokens (a host sync per step: measurement only)."""
     if first is None:
         # logits_to_keep=1: the prefill's logits are not used (Gemma-3: 262K vocabulary x 8K+ positions)
         out = model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: cache})
@@ -42,6 +59,8 @@ def _forced_logprobs(model, ids: torch.Tensor, prefill: int, cache, kw: str, fir
     for t in range(steps):
         out = model(input_ids=ids[:, prefill + t:prefill + t + 1], use_cache=True, **{kw: cache})
         res.append(F.log_softmax(out.logits[:, -1].float(), dim=-1))
+        if attended is not None:
+            attended.append(_attended_tokens(cache))
     return res, time.perf_counter() - t0
 
 
@@ -55,15 +74,19 @@ class Agreement:
     decode_s: float
     per_step_kl: list[float] = field(default_factory=list)
     selector: str = "locks"
+    # tokens attended per (step, sequence, KV head): the mean, and the mean per LOCKS layer
+    attended_mean: float = 0.0
+    attended_per_layer: list[float] = field(default_factory=list)
+    tau: float = 0.0  # the adaptive budget's tau (0: fixed budget)
 
 
 @torch.inference_mode()
 def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | None],
-                   selectors=("locks",), **locks_kwargs) -> tuple[list[Agreement], float]:
+                   selectors=("locks",), taus=(0.0,), **locks_kwargs) -> tuple[list[Agreement], float]:
     """Decode ids[:, prefill:] teacher-forced with FullKV (the model's own dense attention and
-    DynamicCache) and with each selector (locks.hf's selector=) at each budget (one shared
-    prefill, copied per run). Returns (one Agreement per selector x budget, FullKV decode
-    seconds)."""
+    DynamicCache) and with each selector (locks.hf's selector=) at each budget and each tau
+    (0 = fixed budget; one shared prefill, copied per run). Returns (one Agreement per
+    tau x selector x budget, FullKV decode seconds)."""
     from transformers import DynamicCache
 
     kw = hf.cache_kwarg(model)
@@ -71,16 +94,21 @@ def teacher_forced(model, ids: torch.Tensor, prefill: int, budgets: list[int | N
         ref, ref_s = _forced_logprobs(model, ids, prefill, DynamicCache(config=model.config), kw)
     results = []
     with attn_implementation(model, hf.ATTN_NAME):
-        base = hf.LocksCache(model.config, budget=None, **locks_kwargs)
+        # the shared prefill is dense: no budget, so no adaptive budget either
+        dense_kw = {k: v for k, v in locks_kwargs.items() if k != "floor_pages"}
+        base = hf.LocksCache(model.config, budget=None, **dense_kw)
         model(input_ids=ids[:, :prefill], use_cache=True, logits_to_keep=1, **{kw: base})
-        for sel, b in [(sel, b) for sel in selectors for b in budgets]:
-            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, **locks_kwargs))
-            got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True)
+        for tau, sel, b in [(t, sel, b) for t in taus for sel in selectors for b in budgets]:
+            cache = base.with_config(hf.LocksConfig(budget=b, selector=sel, tau=tau, **locks_kwargs))
+            att: list[list[float]] = []
+            got, s = _forced_logprobs(model, ids, prefill, cache, kw, first=True, attended=att)
+            per_layer = [sum(col) / len(col) for col in zip(*att)] if att and att[0] else []
             kls = [float(F.kl_div(g, r, log_target=True, reduction="sum")) / r.shape[0]
                    for g, r in zip(got, ref)]
             agree = [bool((g.argmax(-1) == r.argmax(-1)).all()) for g, r in zip(got, ref)]
             results.append(Agreement(b, len(kls), sum(agree) / len(agree), sum(kls) / len(kls),
-                                     max(kls), s, kls, sel))
+                                     max(kls), s, kls, sel,
+                                     sum(per_layer) / len(per_layer) if per_layer else 0.0, per_layer, tau))
     return results, ref_s
 
 

@@ -20,6 +20,7 @@ void fields(Plan& p, F&& f) {
   f(s.num_blocks), f(s.page_size), f(s.num_kv_heads), f(s.head_dim), f(s.rank), f(s.precision);
   f(p.params.num_q_heads), f(p.params.max_batch), f(p.params.max_blocks_per_seq);
   f(p.params.select.budget_tokens), f(p.params.select.sink_pages), f(p.params.select.recent_pages);
+  f(p.params.select.tau), f(p.params.select.floor_pages);
   f(p.params.scale), f(p.params.score_chunk_pages), f(p.params.select_chunk_pages);
   f(p.group), f(p.threads), f(p.score_chunks), f(p.score_chunk_pages), f(p.select_chunks),
       f(p.select_chunk_pages), f(p.dense_pages_per_split), f(p.dense_splits),
@@ -30,7 +31,7 @@ void fields(Plan& p, F&& f) {
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 20 + 10 + 24;
+constexpr int kFields = 22 + 10 + 24;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -93,6 +94,9 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
           p.threads >= 1 && int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
           (q.summary.precision == Precision::fp32 || q.summary.precision == Precision::quant),
       "inconsistent plan vector");
+  // The selection rules (tau, floor, budget) as validate_select states them; its error names
+  // the field.
+  validate_select(q.select, q.cache.page_size);
   LOCKS_REQUIRE(p.capacity == rules::select_capacity(q.select.budget_tokens, q.cache.page_size,
                                                      q.max_blocks_per_seq),
                 "plan vector capacity ", p.capacity, " is not the budget rule's");

@@ -15,6 +15,16 @@ void validate_select(const SelectConfig& cfg, int page_size) {
                 rules::budget_pages(cfg.budget_tokens, page_size), " pages of ", page_size,
                 ", fewer than sink (", cfg.sink_pages, ") + recent (", cfg.recent_pages,
                 ") + 1 tail page");
+  LOCKS_REQUIRE(rules::tau_valid(cfg.tau), "tau must be 0 (fixed budget) or in (0, 1], got ",
+                cfg.tau);
+  LOCKS_REQUIRE(cfg.floor_pages >= 0, "floor_pages must be >= 0, got ", cfg.floor_pages);
+  // The upper bound only binds the adaptive budget: with tau = 0 the floor is unused, and
+  // the default floor of 1 must not reject a budget of exactly sink + recent + tail.
+  LOCKS_REQUIRE(cfg.tau == 0.0f || rules::floor_valid(cfg.floor_pages, cfg.budget_tokens,
+                                                      cfg.sink_pages, cfg.recent_pages, page_size),
+                "floor_pages must be in [0, ",
+                rules::scored_slots(cfg.budget_tokens, cfg.sink_pages, cfg.recent_pages, page_size),
+                "] (the budget's pages beyond sink + recent + tail), got ", cfg.floor_pages);
 }
 
 int select_capacity(const SelectConfig& cfg, int page_size, int max_blocks_per_seq) {

@@ -22,8 +22,35 @@ void select_pages(const float* group_scores, const BatchView& batch, int num_kv_
 }
 
 size_t impl::select_scratch_bytes(int M) {
-  return detail::carve_bytes<char>(size_t(M)) + detail::carve_bytes<int32_t>(size_t(M));
+  return detail::carve_bytes<char>(size_t(M)) + detail::carve_bytes<int32_t>(size_t(M)) +
+         detail::carve_bytes<double>(size_t(M));
 }
+
+namespace {
+
+// The adaptive budget (select.h): of the candidates cand[0, hi), already the hi best, how
+// many to keep. Masses exp(s - max) in double, the max over the full pages; cum: scratch of
+// hi + 1 doubles for the running sums in score order.
+int adaptive_keep(const float* s, int full, const char* chosen, int32_t* cand, int hi,
+                  const SelectConfig& cfg, double* cum) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < full; ++j) mx = std::max(mx, s[j]);
+  double total = 0, fixed = 0;
+  for (int j = 0; j < full; ++j) {
+    const double m = std::exp(double(s[j]) - double(mx));  // NaN when mx is not finite
+    total += m;
+    if (chosen[size_t(j)]) fixed += m;  // sink and recent pages
+  }
+  std::sort(cand, cand + hi, [s](int32_t x, int32_t y) {
+    return s[x] > s[y] || (s[x] == s[y] && x < y);  // the selection order
+  });
+  cum[0] = fixed;
+  for (int i = 0; i < hi; ++i) cum[i + 1] = cum[i] + std::exp(double(s[cand[i]]) - double(mx));
+  return rules::adaptive_pages(cfg.floor_pages, hi, cfg.tau, total,
+                               [cum](int m) { return cum[m]; });
+}
+
+}  // namespace
 
 void impl::select_pages(const float* group_scores, const BatchView& batch, int num_kv_heads,
                         int page_size, const SelectConfig& cfg, const Selection& out,
@@ -51,6 +78,7 @@ void impl::select_pages(const float* group_scores, const BatchView& batch, int n
     detail::Carver carver(sc.slice(omp_get_thread_num()));
     char* chosen = carver.take<char>(size_t(M));
     int32_t* cand = carver.take<int32_t>(size_t(M));
+    double* cum = carver.take<double>(size_t(M));  // hi + 1 <= full <= M entries
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int b = static_cast<int>(bg / num_kv_heads);
@@ -83,7 +111,9 @@ void impl::select_pages(const float* group_scores, const BatchView& batch, int n
             return s[x] > s[y] || (s[x] == s[y] && x < y);  // ties to the lower index
           };
           std::nth_element(cand, cand + (slots - 1), cand + nc, better);
-          for (int i = 0; i < slots; ++i) take(cand[size_t(i)]);
+          const int keep =
+              cfg.tau > 0 ? adaptive_keep(s, full, chosen, cand, slots, cfg, cum) : slots;
+          for (int i = 0; i < keep; ++i) take(cand[size_t(i)]);
         }
       }
       int count = 0;

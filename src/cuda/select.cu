@@ -9,6 +9,11 @@
 //   stage 2: one block per (KV head, sequence): top-m of the candidates, then the final
 //            ascending list [sinks | selected | recent | tail], -1 padded;
 //   or, when one chunk covers every sequence, both in one block per (KV head, sequence).
+// Adaptive budget (cfg.tau > 0): before the final radix select, the block picks how many of
+// the top candidates to keep (rules::adaptive_pages: a binary search over m, each probe a
+// radix select of the m-th key and a block sum of the masses above it), then selects that
+// many. Stage 1 is unchanged: its per-chunk top-`slots` lists hold every global top-m.
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
@@ -21,6 +26,7 @@ namespace {
 
 constexpr int kThreads = 512;
 using Scan = cub::BlockScan<uint32_t, kThreads>;
+using Reduce = cub::BlockReduce<float, kThreads>;
 
 struct Rules {  // the budget rules for one sequence
   int full, n_pages, has_tail, sink_end, recent_start, slots;
@@ -45,6 +51,8 @@ __device__ Rules rules_for(int raw_len, int P, int M, const SelectConfig& cfg) {
 
 struct SelectSmem {
   Scan::TempStorage scan;
+  Reduce::TempStorage reduce;
+  float bcast;
   uint32_t hist[256];
   uint32_t digit;
   int remaining;
@@ -135,6 +143,68 @@ __device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_
   return int(gt_base + (take_all ? 0u : min(eq_base, uint32_t(need_eq))));
 }
 
+// float_key's inverse: the score a key was made from.
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return a < b ? b : a; }  // as std::max
+};
+
+// Block-wide sum / max, the result in every thread (cub's order is fixed: deterministic).
+__device__ float block_sum(float v, SelectSmem& sm) {
+  const float t = Reduce(sm.reduce).Sum(v);
+  if (threadIdx.x == 0) sm.bcast = t;
+  __syncthreads();
+  const float out = sm.bcast;
+  __syncthreads();  // bcast and the reduce storage are reused
+  return out;
+}
+__device__ float block_max(float v, SelectSmem& sm) {
+  const float t = Reduce(sm.reduce).Reduce(v, MaxOp());
+  if (threadIdx.x == 0) sm.bcast = t;
+  __syncthreads();
+  const float out = sm.bcast;
+  __syncthreads();
+  return out;
+}
+
+// The adaptive budget (select.h): how many of the best candidates to keep, hi = the fixed
+// budget's count (<= the valid candidates). s: the row's group scores (full pages [0,
+// r.full)); candidates come through key_of (n elements, some invalid). Masses exp(s - max)
+// in float, the max over the full pages, as the CPU does in double; the total and the sink
+// and recent pages' mass from the row itself, so the op needs nothing from aggregation.
+// Called by every thread of the block (block-uniform arguments).
+template <typename KeyFn>
+__device__ int adaptive_slots(KeyFn key_of, int n, int hi, const float* s, const Rules& r,
+                              const SelectConfig& cfg, SelectSmem& sm) {
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < r.full; j += kThreads) mx = MaxOp()(mx, s[j]);
+  mx = block_max(mx, sm);
+  float tot = 0, fix = 0;
+  for (int j = threadIdx.x; j < r.full; j += kThreads) {
+    const float m = expf(s[j] - mx);  // NaN when mx is not finite: the fixed budget
+    tot += m;
+    if (j < r.sink_end || j >= r.recent_start) fix += m;
+  }
+  const float total = block_sum(tot, sm), fixed = block_sum(fix, sm);
+  return rules::adaptive_pages(cfg.floor_pages, hi, cfg.tau, double(total), [&](int m) {
+    if (m == 0) return double(fixed);
+    uint32_t T = 0;
+    int need_eq = 0;
+    radix_threshold(key_of, n, m, sm, T, need_eq);  // 1 <= m < hi <= valid candidates
+    float part = 0;
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      bool valid;
+      const uint32_t k = key_of(e, valid);
+      if (valid && k > T) part += expf(key_float(k) - mx);
+    }
+    return double(fixed) + double(block_sum(part, sm)) +
+           double(need_eq) * double(expf(key_float(T) - mx));
+  });
+}
+
 // The budget covers the sequence: every page, in order, -1 padded.
 __device__ __forceinline__ void write_all_pages(const Rules& r, int cap, int32_t* out,
                                                 int32_t* count) {
@@ -196,10 +266,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    select_stage2(const int32_t* __restrict__ seq_lens, int M, int P, SelectConfig cfg, int cap,
-                  int n_chunks, int n_used, const uint32_t* __restrict__ cand_key,
-                  const int32_t* __restrict__ cand_idx, const int32_t* __restrict__ cand_cnt,
-                  int32_t* __restrict__ pages, int32_t* __restrict__ counts) {
+    select_stage2(const float* __restrict__ gs, const int32_t* __restrict__ seq_lens, int M, int P,
+                  SelectConfig cfg, int cap, int n_chunks, int n_used,
+                  const uint32_t* __restrict__ cand_key, const int32_t* __restrict__ cand_idx,
+                  const int32_t* __restrict__ cand_cnt, int32_t* __restrict__ pages,
+                  int32_t* __restrict__ counts) {
   __shared__ SelectSmem sm;
   const int h = blockIdx.x, b = blockIdx.y, Hkv = gridDim.x;
   const int64_t row = int64_t(b) * Hkv + h;
@@ -220,8 +291,10 @@ __global__ void __launch_bounds__(kThreads)
     return valid ? ck[e] : 0u;
   };
   const int n = n_used * cap;
-  const int slots = max(r.slots, 0);
+  int slots = max(r.slots, 0);
   int n_mid = 0;
+  if (slots > 0 && total > 0 && cfg.tau > 0)  // block-uniform
+    slots = adaptive_slots(key_of, n, min(slots, total), gs + row * M, r, cfg, sm);
   if (slots > 0 && total > 0) {
     uint32_t T = 0;
     int need_eq = 0;
@@ -252,7 +325,7 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int lo = r.sink_end, n = r.recent_start - r.sink_end;  // candidates: [lo, lo + n)
-  const int slots = max(r.slots, 0);
+  int slots = max(r.slots, 0);
   int n_mid = 0;
   if (slots > 0 && n > 0) {  // block-uniform
     const float* s = gs + row * M + lo;
@@ -262,12 +335,15 @@ __global__ void __launch_bounds__(kThreads)
       valid = true;
       return skeys[e];
     };
-    uint32_t T = 0;
-    int need_eq = 0;
-    const bool all = n <= slots;
-    if (!all) radix_threshold(key_of, n, slots, sm, T, need_eq);
-    n_mid = compact(key_of, n, all, T, need_eq, sm,
-                    [&](int e, int pos) { out[r.sink_end + pos] = lo + e; });
+    if (cfg.tau > 0) slots = adaptive_slots(key_of, n, min(slots, n), gs + row * M, r, cfg, sm);
+    if (slots > 0) {
+      uint32_t T = 0;
+      int need_eq = 0;
+      const bool all = n <= slots;
+      if (!all) radix_threshold(key_of, n, slots, sm, T, need_eq);
+      n_mid = compact(key_of, n, all, T, need_eq, sm,
+                      [&](int e, int pos) { out[r.sink_end + pos] = lo + e; });
+    }
   }
   write_list(r, n_mid, cap, out, counts + row);
 }
@@ -291,8 +367,8 @@ void launch_select(const float* group_scores, const BatchView& batch, int Hkv,
                 dim3(kThreads), 0, st, group_scores, batch.seq_lens, M, P, cfg, out.capacity,
                 n_chunks, chunk_pages, cand_key, cand_idx, cand_cnt);
   launch_kernel(select_stage2, dim3(unsigned(Hkv), unsigned(batch.batch_size)), dim3(kThreads), 0,
-                st, batch.seq_lens, M, P, cfg, out.capacity, n_chunks, used, cand_key, cand_idx,
-                cand_cnt, out.pages, out.counts);
+                st, group_scores, batch.seq_lens, M, P, cfg, out.capacity, n_chunks, used, cand_key,
+                cand_idx, cand_cnt, out.pages, out.counts);
 }
 
 }  // namespace locks::cuda::detail

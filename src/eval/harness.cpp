@@ -76,6 +76,8 @@ void eval_layer(const LayerContext& ctx, int layer, const EvalConfig& cfg, EvalR
       sc.budget_tokens = b;
       sc.sink_pages = cfg.sink_pages;
       sc.recent_pages = cfg.recent_pages;
+      sc.tau = cfg.tau;
+      sc.floor_pages = cfg.floor_pages;
       MethodRun run = run_selector(*selector, ctx, sc);
       const double scoring = selector->scoring_bytes_at(ctx, sc);
       for (int s = 0; s < ctx.steps; ++s) {
@@ -188,7 +190,7 @@ EvalResult run_eval(const std::string& capture_dir, const EvalConfig& cfg_in) {
   result.methods = cfg.methods.empty() ? selector_names() : cfg.methods;
   for (const auto& m : result.methods) make_selector(m, cfg.params);  // unknown names throw
   for (int b : cfg.budgets) {
-    SelectConfig sc{b, cfg.sink_pages, cfg.recent_pages};
+    SelectConfig sc{b, cfg.sink_pages, cfg.recent_pages, cfg.tau, cfg.floor_pages};
     validate_select(sc, cfg.page_size);
   }
   result.meta = read_capture_meta(capture_dir);

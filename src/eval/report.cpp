@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include "locks/error.h"
 #include "locks/io/files.h"
@@ -75,8 +77,11 @@ std::string markdown_table(const EvalResult& r) {
   os << "Capture: model `" << m.model << "`, layers " << m.num_layers << ", tokens " << m.tokens
      << ", steps " << m.steps << ", kv_heads " << m.kv_heads << ", q_heads " << m.q_heads
      << ", head_dim " << m.head_dim << ", keys " << m.keys << ". Page size " << r.cfg.page_size
-     << ", sink " << r.cfg.sink_pages << ", recent " << r.cfg.recent_pages << ", LOCKS rank "
-     << r.cfg.params.rank << ".\n\n";
+     << ", sink " << r.cfg.sink_pages << ", recent " << r.cfg.recent_pages
+     << (r.cfg.tau > 0 ? ", adaptive budget tau " + std::to_string(r.cfg.tau) + " floor " +
+                             std::to_string(r.cfg.floor_pages) + " pages (budget = ceiling)"
+                       : std::string())
+     << ", LOCKS rank " << r.cfg.params.rank << ".\n\n";
   os << pivot(
             r, "Attention-mass recall, mean", [](const Aggregate& a) { return a.recall_mean; }, 3)
      << "\n";
@@ -131,6 +136,38 @@ void write_per_query_csv(const std::string& path, const EvalResult& r) {
   write_file(path, os.str());
 }
 
+namespace {
+
+// Per (method, budget, layer): mean tokens attended per (step, KV head) and mean recall per
+// (step, query head); what the adaptive budget spends where (docs/study_adaptive.md).
+nlohmann::json per_layer_json(const EvalResult& r) {
+  struct Acc {
+    double attended = 0, recall = 0;
+    int64_t n_steps = 0, n_queries = 0;
+  };
+  std::map<std::tuple<std::string, int, int>, Acc> acc;
+  for (const auto& s : r.per_step) {
+    Acc& a = acc[{s.method, s.budget, s.layer}];
+    a.attended += s.attended;
+    ++a.n_steps;
+  }
+  for (const auto& q : r.per_query) {
+    Acc& a = acc[{q.method, q.budget, q.layer}];
+    a.recall += q.recall;
+    ++a.n_queries;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [key, a] : acc)
+    rows.push_back({{"method", std::get<0>(key)},
+                    {"budget", std::get<1>(key)},
+                    {"layer", std::get<2>(key)},
+                    {"attended_mean", a.n_steps ? a.attended / double(a.n_steps) : 0.0},
+                    {"recall_mean", a.n_queries ? a.recall / double(a.n_queries) : 0.0}});
+  return rows;
+}
+
+}  // namespace
+
 void write_json(const std::string& path, const EvalResult& r) {
   using nlohmann::json;
   json j;
@@ -150,6 +187,8 @@ void write_json(const std::string& path, const EvalResult& r) {
                  {"page_size", r.cfg.page_size},
                  {"sink_pages", r.cfg.sink_pages},
                  {"recent_pages", r.cfg.recent_pages},
+                 {"tau", r.cfg.tau},
+                 {"floor_pages", r.cfg.floor_pages},
                  {"rank", p.rank},
                  {"basis_rank", p.basis_rank > 0 ? p.basis_rank : m.head_dim / 4},
                  {"rocket_dims", p.rocket_dims > 0 ? p.rocket_dims : m.head_dim / 4},
@@ -184,6 +223,7 @@ void write_json(const std::string& path, const EvalResult& r) {
                     {"bytes_vs_full", a.bytes_vs_full},
                     {"metadata_share", a.metadata_share}});
   j["results"] = rows;
+  j["per_layer"] = per_layer_json(r);
   j["notes"] = r.notes;
   write_file(path, j.dump(2) + "\n");
 }

@@ -24,6 +24,8 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
   const int k = cfg.budget_tokens / page_size;
   LOCKS_REQUIRE(k >= cfg.sink_pages + cfg.recent_pages + 1, "budget of ", k,
                 " pages is below sink + recent + tail = ", cfg.sink_pages + cfg.recent_pages + 1);
+  LOCKS_REQUIRE(cfg.tau == 0 || (cfg.tau > 0 && cfg.tau <= 1), "tau must be 0 or in (0, 1]");
+  LOCKS_REQUIRE(cfg.floor_pages >= 0, "floor_pages must be >= 0");
   const int M = batch.max_blocks_per_seq;
 
   for (int b = 0; b < batch.batch_size; ++b) {
@@ -52,7 +54,23 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
         const int fixed = int(std::count(taken.begin(), taken.end(), true));
         std::sort(cand.begin(), cand.end(),
                   [&](int a, int c) { return s[a] != s[c] ? s[a] > s[c] : a < c; });
-        const int extra = std::min<int>(k - fixed, int(cand.size()));
+        int extra = std::min<int>(k - fixed, int(cand.size()));
+        if (cfg.tau > 0) {
+          // Adaptive budget, walked literally: add candidates in rank order until the floor
+          // is met and the estimated mass of every taken full page covers tau of that of all
+          // full pages (masses exp(s - max): the shift cancels in the ratio).
+          double mx = -INFINITY;
+          for (int j = 0; j < n_full; ++j) mx = std::max(mx, s[j]);
+          double total = 0, covered = 0;
+          for (int j = 0; j < n_full; ++j) {
+            total += std::exp(s[j] - mx);
+            if (taken[j]) covered += std::exp(s[j] - mx);
+          }
+          int m = 0;
+          while (m < extra && (m < cfg.floor_pages || !(covered >= cfg.tau * total)))
+            covered += std::exp(s[cand[m++]] - mx);
+          extra = m;
+        }
         for (int i = 0; i < extra; ++i) taken[cand[i]] = true;
         for (int j = 0; j < n_pages; ++j)
           if (taken[j]) chosen.push_back(j);

@@ -2,6 +2,11 @@
 // contract throws, and the plans' int vectors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "locks/contract.h"
 #include "locks/cuda/limits.h"
 #include "locks/error.h"
@@ -85,9 +90,42 @@ TEST(Plan, IntsRoundTripAndRejectForeignVectors) {
   EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
 }
 
+TEST(Plan, IntsCarryTheAdaptiveBudget) {
+  DecodeParams p = some_params();
+  p.select.tau = 0.75f;
+  p.select.floor_pages = 2;
+  const DecodePlan plan = cpu::plan_decode(p);
+  const std::vector<int64_t> v = plan.to_ints();
+  const DecodePlan back = DecodePlan::from_ints(v);
+  EXPECT_EQ(back.params.select.tau, 0.75f);
+  EXPECT_EQ(back.params.select.floor_pages, 2);
+  EXPECT_EQ(back.capacity, plan.capacity);  // the budget's, tau or not
+  // A vector whose tau (stored as its float bits) was changed to 1.5, or floor to -1: refused.
+  uint32_t bits = 0, bad_bits = 0;
+  const float tau = 0.75f, bad_tau = 1.5f;
+  std::memcpy(&bits, &tau, 4);
+  std::memcpy(&bad_bits, &bad_tau, 4);
+  const auto at = std::find(v.begin(), v.end(), int64_t(bits));
+  ASSERT_NE(at, v.end());
+  std::vector<int64_t> bad = v;
+  bad[size_t(at - v.begin())] = int64_t(bad_bits);
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+  bad = v;
+  ASSERT_EQ(bad[size_t(at - v.begin()) + 1], 2) << "floor_pages follows tau";
+  bad[size_t(at - v.begin()) + 1] = -1;
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+}
+
 TEST(Plan, RejectsBadParamsWithTheRightClass) {
   DecodeParams p = some_params();
   p.select = {15, 0, 0};  // less than one page
+  EXPECT_THROW(cpu::plan_decode(p), InvalidArgument);
+  p = some_params();
+  p.select.tau = std::nanf("");
+  EXPECT_THROW(cpu::plan_decode(p), InvalidArgument);
+  p = some_params();
+  p.select.tau = 0.5f;
+  p.select.floor_pages = 5;  // 100 tokens: 6 pages - sink - recent - tail = 3 scored slots
   EXPECT_THROW(cpu::plan_decode(p), InvalidArgument);
   p = some_params();
   p.num_q_heads = 7;

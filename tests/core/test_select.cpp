@@ -219,6 +219,31 @@ TEST(ImplSelect, RejectsTooSmallBudgetAndNaN) {
   EXPECT_THROW(select(s, {12}, 1, 3, 4, {4, 0, 0}), locks::Error);
 }
 
+TEST(ImplSelect, RejectsBadAdaptiveBudgets) {
+  using locks::SelectConfig;
+  using locks::validate_select;
+  // 64 tokens of 16 = 4 pages: sink 1 + recent 1 + tail leave 1 scored slot.
+  for (const float tau : {std::nanf(""), -0.5f, -0.0f + -1e-30f, 1.0001f, 2.0f,
+                          std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(testing::Message() << "tau " << tau);
+    EXPECT_THROW(validate_select(SelectConfig{64, 1, 1, tau, 1}, 16), locks::InvalidArgument);
+  }
+  EXPECT_THROW(validate_select(SelectConfig{64, 1, 1, 0.5f, -1}, 16), locks::InvalidArgument);
+  EXPECT_THROW(validate_select(SelectConfig{64, 1, 1, 0.0f, -1}, 16), locks::InvalidArgument);
+  EXPECT_THROW(validate_select(SelectConfig{64, 1, 1, 0.5f, 2}, 16), locks::InvalidArgument)
+      << "a floor above the ceiling";
+  EXPECT_NO_THROW(validate_select(SelectConfig{64, 1, 1, 0.5f, 1}, 16));
+  EXPECT_NO_THROW(validate_select(SelectConfig{64, 1, 1, 1.0f, 0}, 16));
+  // tau = 0 leaves the floor unused: the default floor 1 with no scored slot is fine.
+  EXPECT_NO_THROW(validate_select(SelectConfig{48, 1, 1}, 16));
+  try {
+    validate_select(SelectConfig{64, 0, 0, 1.5f, 1}, 16);
+    ADD_FAILURE() << "no error";
+  } catch (const locks::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tau"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ImplAggregate, ShareAveragingByHand) {
   // One KV head, two query heads, three pages (last is the tail: -inf).
   const float l2 = std::log(2.0f);

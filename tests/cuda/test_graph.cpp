@@ -13,7 +13,11 @@
 namespace locks::cuda_test {
 namespace {
 
-TEST(DecodeGraph, ReplayMatchesEagerAfterAppends) {
+// tau: 0 = the fixed budget, 0.9 = the adaptive one (the counts vary per replay, the
+// captured capacity does not).
+class DecodeGraph : public ::testing::TestWithParam<float> {};
+
+TEST_P(DecodeGraph, ReplayMatchesEagerAfterAppends) {
   SKIP_WITHOUT_GPU();
   const int P = 16, Hkv = 2, G = 4, Hq = Hkv * G, d = 128, r = 8, kStride = 320, kSteps = 3;
   const std::vector<int64_t> lens0 = {16 * 100 + 15, 16 * 40 + 3, 16 * 260, 9};
@@ -54,7 +58,7 @@ TEST(DecodeGraph, ReplayMatchesEagerAfterAppends) {
     builder.build(gc.dview(), dids.p, int64_t(ids.size()), sums.view(), nullptr);
     CK(cudaDeviceSynchronize());
   }
-  const SelectConfig sc{512, 1, 2};
+  const SelectConfig sc{512, 1, 2, GetParam(), 1};
   cuda::Decoder dec(cuda::Plan{L, Hq, B, kStride, DecodeConfig{sc, 0.0f}});
   DevBuf<float> dq(size_t(B) * Hq * d), out_graph(size_t(B) * Hq * d),
       out_eager(size_t(B) * Hq * d);
@@ -120,6 +124,8 @@ TEST(DecodeGraph, ReplayMatchesEagerAfterAppends) {
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(st));
 }
+
+INSTANTIATE_TEST_SUITE_P(Tau, DecodeGraph, ::testing::Values(0.0f, 0.9f));
 
 }  // namespace
 }  // namespace locks::cuda_test

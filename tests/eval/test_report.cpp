@@ -73,5 +73,38 @@ TEST(Report, WritesEveryRow) {
   fs::remove_all(dir);
 }
 
+// The adaptive budget through the harness (EvalConfig::tau): the selection attends fewer
+// tokens than the ceiling on data whose mass sits on a few pages, and results.json carries
+// the tau and the tokens attended per layer.
+TEST(Report, AdaptiveBudgetAttendsLessAndReportsPerLayer) {
+  auto l = test::synth_layer(SynthKind::needles, 16 * 64, 1, 2, 32, 2);
+  EvalResult r;
+  r.cfg.budgets = {512};
+  r.cfg.tau = 0.5f;
+  r.methods = {"oracle", "locks_quant"};
+  r.meta.layers = {3};
+  r.meta.head_dim = 32;
+  eval_layer(l.ctx(), 3, r.cfg, r);
+  aggregate(r);
+  ASSERT_EQ(r.table.size(), 2u);
+  for (const Aggregate& a : r.table) EXPECT_LT(a.attended_mean, 512) << a.method;
+  const fs::path dir =
+      fs::temp_directory_path() / ("locks_eval_report_tau_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_json((dir / "r.json").string(), r);
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir / "r.json"));
+  EXPECT_EQ(j["config"]["tau"], 0.5);
+  ASSERT_EQ(j["per_layer"].size(), 2u);
+  for (const auto& row : j["per_layer"]) {
+    EXPECT_EQ(row["layer"], 3);
+    const auto& agg = row["method"] == "oracle" ? r.table[0] : r.table[1];
+    EXPECT_DOUBLE_EQ(row["attended_mean"].get<double>(), agg.attended_mean);
+    EXPECT_NEAR(row["recall_mean"].get<double>(), agg.recall_mean, 1e-12);
+  }
+  EXPECT_NE(markdown_table(r).find("adaptive budget tau"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace locks::eval

@@ -345,11 +345,21 @@ TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
   const int H = t_.spec.num_kv_heads, M = t_.max_blocks(), d = t_.spec.head_dim;
   const int32_t longest = *std::max_element(t_.spec.seq_lens.begin(), t_.spec.seq_lens.end());
   const ArithModel am = be_->arith(t_.spec.dtype);
-  const std::vector<SelectConfig> budgets{
-      {P, 0, 0}, {3 * P + 5, 1, 1}, {7 * P, 2, 1}, {longest, 0, 0}, {longest + 3 * P, 1, 2}};
+  // The adaptive ones (tau > 0) compared exactly too: the data and every backend's sums are
+  // deterministic, and a mass within float rounding of tau * total is improbable here
+  // (tests/ops/test_adaptive_select.cpp covers that edge with a tolerance).
+  const std::vector<SelectConfig> budgets{{P, 0, 0},
+                                          {3 * P + 5, 1, 1},
+                                          {7 * P, 2, 1},
+                                          {longest, 0, 0},
+                                          {longest + 3 * P, 1, 2},
+                                          {7 * P, 2, 1, 0.9f, 1},
+                                          {10 * P, 0, 0, 0.5f, 0},
+                                          {longest, 1, 0, 0.99f, 0}};
   for (const SelectConfig& sc : budgets) {
-    SCOPED_TRACE(testing::Message() << "budget " << sc.budget_tokens << " sink " << sc.sink_pages
-                                    << " recent " << sc.recent_pages);
+    SCOPED_TRACE(testing::Message()
+                 << "budget " << sc.budget_tokens << " sink " << sc.sink_pages << " recent "
+                 << sc.recent_pages << " tau " << sc.tau << " floor " << sc.floor_pages);
     const DecodePlan plan = be_->plan(params(sc));
     ASSERT_EQ(plan.capacity, rules::select_capacity(sc.budget_tokens, P, M));
     Dev ws(be_.get(), plan.workspace_bytes);

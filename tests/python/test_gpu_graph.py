@@ -17,14 +17,14 @@ P, H, HQ, D = 16, 2, 8, 128
 class Layer:
     """One layer's paged state on the GPU and its planned wrapper (caller-owned everything)."""
 
-    def __init__(self, nb, mb, B, budget, seed):
+    def __init__(self, nb, mb, B, budget, seed, tau=0.0):
         k, v, bt, sl, _ = paged(B=B, lens=(300,) * B, H=H, Hq=HQ, d=D, seed=seed, spare_blocks=mb - 19)
         self.k, self.v, self.bt, self.sl = k.cuda(), v.cuda(), bt.cuda(), sl.cuda()
         self.s = list(ops.new_summaries(self.k.shape[0], H, D, P, 8, "cuda", "int4"))
         self.w = locks.DecodeWrapper.allocate(num_q_heads=HQ, num_kv_heads=H, head_dim=D,
                                               num_blocks=self.k.shape[0], max_batch=B,
                                               max_blocks_per_seq=self.bt.shape[1], budget_tokens=budget,
-                                              device="cuda")
+                                              device="cuda", tau=tau)
         self.out = torch.empty(B, HQ, D, device="cuda")
         self.lse = torch.empty(B, HQ, device="cuda")
         self.pages = torch.empty(B, H, self.w.capacity, dtype=torch.int32, device="cuda")
@@ -67,10 +67,11 @@ def capture(fn):
     return g
 
 
-def test_multi_layer_step_replay_equals_eager():
+@pytest.mark.parametrize("tau", [0.0, 0.9])  # 0.9: the adaptive budget, counts vary per replay
+def test_multi_layer_step_replay_equals_eager(tau):
     B, layers, steps = 4, 8, 24
-    eager = [Layer(4 * 60, 60, B, 512, seed=i) for i in range(layers)]
-    graph = [Layer(4 * 60, 60, B, 512, seed=i) for i in range(layers)]
+    eager = [Layer(4 * 60, 60, B, 512, seed=i, tau=tau) for i in range(layers)]
+    graph = [Layer(4 * 60, 60, B, 512, seed=i, tau=tau) for i in range(layers)]
     for e, g in zip(eager, graph):
         lens = torch.tensor([300, 517, 700, 911], dtype=torch.int32)
         e.reset(e.bt, lens)

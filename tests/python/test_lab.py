@@ -39,3 +39,29 @@ def test_lab_cli_bad_budget_is_exit_2(capsys):
     rc = cli.main(["generate", "--tokens", "300", "--budget", "8", "--max-new-tokens", "1"])
     assert rc == 2
     assert "budget" in capsys.readouterr().err
+
+
+def _results(path, rows, tau=0.0):
+    import json
+
+    path.mkdir()
+    (path / "results.json").write_text(json.dumps({"config": {"tau": tau}, "results": rows}))
+    return str(path)
+
+
+def test_adaptive_study_compares_at_equal_tokens(tmp_path):
+    from locks_lab import adaptive_study as a
+
+    row = lambda b, att, rec, err: dict(method="locks_quant", budget=b, attended_mean=att,  # noqa: E731
+                                        recall_mean=rec, recall_p5=rec - 0.1, err_mean=err)
+    fixed = _results(tmp_path / "fixed", [row(64, 64, 0.5, 0.4), row(256, 256, 0.9, 0.1)])
+    tau = _results(tmp_path / "tau", [row(1024, 128, 0.8, 0.3), row(2048, 4000, 0.99, 0.01)], tau=0.9)
+    # 128 tokens: halfway between 64 and 256 in log2, so the fixed curve gives 0.7 there
+    assert a.interpolate([(64, 0.5), (256, 0.9)], 128) == pytest.approx(0.7)
+    assert a.interpolate([(64, 0.5), (256, 0.9)], 300) is None  # no extrapolation
+    lines = a.compare(fixed, [tau]).splitlines()
+    assert "| 0.8000 | 0.7000 | +0.1000 |" in lines[2]
+    assert "n/a" in lines[3]
+    # the bracketing budgets: the multiples of 16 at or below 128 and 4000, and the next ones
+    assert a.bracket([tau]).split(",") == [str(b) for b in
+                                           (16, 32, 64, 128, 144, 256, 512, 1024, 2048, 4000, 4016, 4096)]

@@ -59,6 +59,62 @@ def test_run_equals_select_then_attend_and_the_one_shot_ops(precision):
     assert torch.equal(od, o4) and torch.equal(ld, l4)
 
 
+def _rows(pages, counts):
+    """The selected pages of every (sequence, KV head) row, as lists."""
+    return [pages.view(-1, pages.shape[-1])[i, :n].tolist() for i, n in enumerate(counts.flatten().tolist())]
+
+
+def test_adaptive_budget_keeps_the_capacity_and_trims_the_count():
+    nb, mb, budget = 40, 20, 160  # 10 slots; lengths 300 / 200: 18 / 12 full pages + a tail
+    k, v, bt, sl, q, s = setup(nb, [300, 200], mb, "fp32")
+    fixed = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 2, budget, "fp32"))
+    fp, fc = fixed.select(q, s, bt, sl)
+    ws = torch.empty(locks.workspace_bytes(**plan_kwargs(nb, mb, 2, budget, "fp32", tau=0.5)), dtype=torch.uint8)
+    w = locks.DecodeWrapper(ws)
+    sels = {}
+    for tau in (0.01, 0.5, 0.8, 0.95):
+        w.plan(**plan_kwargs(nb, mb, 2, budget, "fp32", tau=tau, floor_pages=1))
+        assert w.capacity == fixed.capacity == 10  # fixed capacity, variable count
+        pages, counts = w.select(q, s, bt, sl)
+        assert pages.shape == fp.shape
+        for row, n in zip(pages.view(-1, 10), counts.flatten().tolist()):
+            assert row[:n].tolist() == sorted(row[:n].tolist()) and (row[n:] == -1).all()
+        sels[tau] = [set(r) for r in _rows(pages, counts)]
+        # decode() with this plan attends exactly this selection
+        out, lse = w.run(q, k, v, s, bt, sl)
+        o2, l2 = ops.sparse_decode(q, k, v, bt, sl, pages, counts)
+        assert torch.equal(out, o2) and torch.equal(lse, l2)
+    rows_fixed = [set(r) for r in _rows(fp, fc)]
+    # tau 0.01 with floor 1: the tail and the single best page, i.e. the fixed 2-page budget
+    two = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 2, 32, "fp32"))
+    assert sels[0.01] == [set(r) for r in _rows(*two.select(q, s, bt, sl))]
+    # nested in tau, the fixed budget the ceiling; the counts differ between taus
+    for lo, hi in ((0.01, 0.5), (0.5, 0.8), (0.8, 0.95)):
+        assert all(a <= b for a, b in zip(sels[lo], sels[hi]))
+    assert all(a <= b for a, b in zip(sels[0.95], rows_fixed))
+    assert len({tuple(len(r) for r in sels[t]) for t in sels}) > 1
+    # floor 3: at least the tail and the 3 best pages (the fixed 4-page budget's)
+    w.plan(**plan_kwargs(nb, mb, 2, budget, "fp32", tau=0.01, floor_pages=3))
+    four = locks.DecodeWrapper.allocate(**plan_kwargs(nb, mb, 2, 64, "fp32"))
+    assert [set(r) for r in _rows(*w.select(q, s, bt, sl))] == [set(r) for r in _rows(*four.select(q, s, bt, sl))]
+    # the one-shot op takes tau too
+    p1, c1 = ops.select_pages(q, s, bt, sl, budget, tau=0.01)
+    assert [set(r) for r in _rows(p1, c1)] == sels[0.01]
+
+
+def test_plan_vector_carries_tau():
+    kw = plan_kwargs(40, 20, 2, 160, tau=0.75, floor_pages=2)
+    v = ops.plan(**kw)
+    assert v != ops.plan(**plan_kwargs(40, 20, 2, 160))
+    assert ops.plan_capacity(v) == ops.plan_capacity(ops.plan(**plan_kwargs(40, 20, 2, 160)))
+    with pytest.raises(ValueError, match="tau"):
+        ops.plan(**plan_kwargs(40, 20, 2, 160, tau=float("nan")))
+    with pytest.raises(TypeError, match="tau"):
+        locks.DecodeWrapper.allocate(**plan_kwargs(40, 20, 2, 160, tau="0.5"))
+    with pytest.raises(ValueError, match="floor_pages"):
+        ops.plan(**plan_kwargs(40, 20, 2, 160, tau=0.5, floor_pages=10))  # 9 scored slots
+
+
 def test_smaller_batch_than_planned_and_replanning():
     nb, mb = 40, 20
     k, v, bt, sl, q, s = setup(nb, [300, 130], mb)

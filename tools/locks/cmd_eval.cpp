@@ -19,14 +19,20 @@ constexpr const char* kUsage =
     "                  [--methods full,oracle,quest,shared_proj,shadowkv,rocket,rocket_snapkv,\n"
     "                   locks_fp32,locks_quant] [--page-size 16] [--rank 8]\n"
     "                  [--basis-rank d/4] [--rocket-dims d/4] [--sink 0] [--recent 0]\n"
-    "                  [--snapkv-keep 4] [--outlier-share 0.015625] [--qweight-floor 0.01]\n"
-    "                  [--title TEXT]\n"
+    "                  [--snapkv-keep 4] [--outlier-share 0.015625] [--qweight-floor 0.01]
+    "
+    "                  [--title TEXT] [--tau 0] [--floor-pages 1]
+    "
     "                  [--no-plots] [--per-query] [--force]\n"
     "--methods also takes LOCKS variants lx-... (src/eval/selector_locks_variant.cpp) and\n"
-    "two-level LOCKS locks_h2 / h2-... (src/eval/selector_locks_h2.cpp, docs/study_hierarchical.md).\n"
+    "two-level LOCKS locks_h2 / h2-... (src/eval/selector_locks_h2.cpp, "
+    "docs/study_hierarchical.md).\n"
     "Writes OUT/table.md, results.csv, results.json (and per_query.csv with --per-query),\n"
     "recall_vs_budget.png, recall_p5_vs_budget.png, error_vs_budget.png,\n"
     "recall_gap_vs_budget.png, recall_vs_bytes.png; prints the table.\n"
+    "--tau T (0 < T <= 1): the adaptive budget for every selector's selection: per step and\n"
+    "KV head the fewest scored pages (>= --floor-pages) whose estimated mass covers T of the\n"
+    "estimated total; each budget is the ceiling (column attended_mean: what it attends).\n"
     "OUT is written whole or not at all (a temporary folder beside it, renamed into place);\n"
     "an existing non-empty OUT is refused unless --force (then it is replaced).\n";
 

@@ -21,7 +21,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: locks select --keys K.npy --values V.npy --query q.npy [--budget 2048]\n"
     "                    [--page-size 16] [--rank 8] [--precision fp32|int4]\n"
-    "                    [--sink-pages 0] [--recent-pages 0] [--json]\n"
+    "                    [--sink-pages 0] [--recent-pages 0] [--tau 0] [--floor-pages 1]\n"
+    "                    [--json]\n"
     "One LOCKS decode step (cpu::Decoder) and the dense FullKV step on the same data.\n"
     "  K, V: [tokens, head_dim] or [tokens, kv_heads, head_dim]; q: [head_dim] or\n"
     "  [q_heads, head_dim] (q_heads a multiple of kv_heads); float32 or float16 .npy.\n"
@@ -144,6 +145,8 @@ int run_select(const std::vector<std::string>& args) {
     j["budget_tokens"] = sel.budget_tokens;
     j["sink_pages"] = sel.sink_pages;
     j["recent_pages"] = sel.recent_pages;
+    j["tau"] = sel.tau;
+    j["floor_pages"] = sel.floor_pages;
     j["summary_share_of_bf16_kv"] = share;
     j["summary_bytes_per_page_head"] = locks::summary_bytes_per_page(store->layout());
     for (int h = 0; h < p.kv_heads; ++h)

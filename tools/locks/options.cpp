@@ -27,7 +27,7 @@ EvalOptions parse_eval_options(const std::vector<std::string>& args) {
   const Args o(args,
                {"--capture", "--out", "--budgets", "--methods", "--page-size", "--rank",
                 "--basis-rank", "--rocket-dims", "--sink", "--recent", "--snapkv-keep",
-                "--outlier-share", "--qweight-floor", "--title"},
+                "--outlier-share", "--qweight-floor", "--title", "--tau", "--floor-pages"},
                {"--no-plots", "--per-query", "--force"});
   EvalOptions e;
   eval::EvalConfig& cfg = e.cfg;
@@ -46,6 +46,8 @@ EvalOptions parse_eval_options(const std::vector<std::string>& args) {
   cfg.page_size = static_cast<int>(o.integer("--page-size", 16, 2, 256));
   cfg.sink_pages = static_cast<int>(o.integer("--sink", 0, 0, 1 << 20));
   cfg.recent_pages = static_cast<int>(o.integer("--recent", 0, 0, 1 << 20));
+  cfg.tau = static_cast<float>(o.real("--tau", 0.0, 0.0, 1.0));
+  cfg.floor_pages = static_cast<int>(o.integer("--floor-pages", 1, 0, 1 << 20));
   cfg.params.rank = static_cast<int>(o.integer("--rank", 8, 1, 255));
   cfg.params.basis_rank = static_cast<int>(o.integer("--basis-rank", 0, 0, 256));
   cfg.params.rocket_dims = static_cast<int>(o.integer("--rocket-dims", 0, 0, 256));
@@ -54,14 +56,15 @@ EvalOptions parse_eval_options(const std::vector<std::string>& args) {
       o.real("--outlier-share", cfg.params.shadow_outlier_share, 0.0, 0.5);
   cfg.params.qweight_floor = o.real("--qweight-floor", cfg.params.qweight_floor, 1e-6, 1.0);
   for (int b : cfg.budgets)
-    check_rank_and_budget(cfg.params.rank, cfg.page_size, {b, cfg.sink_pages, cfg.recent_pages});
+    check_rank_and_budget(cfg.params.rank, cfg.page_size,
+                          {b, cfg.sink_pages, cfg.recent_pages, cfg.tau, cfg.floor_pages});
   return e;
 }
 
 SelectOptions parse_select_options(const std::vector<std::string>& args) {
   const Args o(args,
                {"--keys", "--values", "--query", "--budget", "--page-size", "--rank", "--precision",
-                "--sink-pages", "--recent-pages"},
+                "--sink-pages", "--recent-pages", "--tau", "--floor-pages"},
                {"--json"});
   SelectOptions s;
   s.keys = o.required("--keys");
@@ -72,6 +75,8 @@ SelectOptions parse_select_options(const std::vector<std::string>& args) {
   s.rank = static_cast<int>(o.integer("--rank", 8, 1, 255));
   s.select.sink_pages = static_cast<int>(o.integer("--sink-pages", 0, 0, 1 << 24));
   s.select.recent_pages = static_cast<int>(o.integer("--recent-pages", 0, 0, 1 << 24));
+  s.select.tau = static_cast<float>(o.real("--tau", 0.0, 0.0, 1.0));
+  s.select.floor_pages = static_cast<int>(o.integer("--floor-pages", 1, 0, 1 << 24));
   s.precision_name = o.str("--precision", "fp32");
   if (s.precision_name != "fp32" && s.precision_name != "int4")
     throw UsageError("--precision must be fp32 or int4, got '" + s.precision_name + "'");

@@ -73,6 +73,8 @@ struct EvalConfig {
   int page_size = 16;
   int sink_pages = 0;
   int recent_pages = 0;
+  float tau = 0.0f;     // adaptive budget for every selector's selection (select.h); 0 = fixed
+  int floor_pages = 1;  // its floor
   SelectorParams params;
   std::function<void(const std::string&)> progress;  // optional progress lines
 };

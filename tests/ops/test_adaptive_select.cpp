@@ -1,0 +1,246 @@
+// The adaptive budget (select.h, tau > 0) of the backend of this binary (tests/ops: CPU;
+// tests/cuda: CUDA) against the float64 reference, on hand-made group scores: random,
+// a few hot pages over a flat floor, ties, -inf pages and an all -inf row; sequences that
+// fit one selection chunk and ones that need two (the CUDA two-stage path). Plus the
+// graph-safety shape: one plan, one workspace, one output buffer, counts that vary with the
+// data while the capacity stays the budget's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "backend.h"
+#include "locks/reference.h"
+#include "locks/rules.h"
+#include "test_util.h"
+
+namespace locks::test {
+namespace {
+
+// The backend sums masses in float (CUDA) or double in another order than the reference, so
+// a page whose mass lands within rounding of tau * total may go either way. Accepted: the
+// reference's selection at some tau' within a relative kTauTol of tau. float32 sums of up to
+// 4096 masses in a tree plus expf's 2 ulp stay below 1e-5 relative; 1e-4 leaves room.
+constexpr double kTauTol = 1e-4;
+
+enum class Kind { random, hot, ties, neg_inf };
+
+// B sequences over M pages of P tokens, H KV heads, group scores of one kind.
+struct Rows {
+  int B = 4, H = 2, M = 0, P = 16;
+  std::vector<int32_t> lens, table;
+  std::vector<float> scores;  // [B, H, M]
+
+  Rows(int max_pages, Kind kind, uint64_t seed) : M(max_pages) {
+    lens = {M * P, (M / 2) * P + 5, 37, 20 * P};
+    table.resize(size_t(B) * M);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+    Rng rng(seed);
+    scores.resize(size_t(B) * H * M);
+    for (size_t row = 0; row < size_t(B) * H; ++row) {
+      float* s = &scores[row * size_t(M)];
+      for (int j = 0; j < M; ++j) {
+        switch (kind) {
+          case Kind::random:
+            s[j] = 2.0f * rng.normal();
+            break;
+          case Kind::hot:
+            s[j] = -10.0f + 0.5f * rng.normal();
+            break;
+          case Kind::ties:
+            s[j] = float(-rng.integer(0, 3));
+            break;  // 4 values: many ties
+          case Kind::neg_inf:
+            s[j] = row == 1 || rng.integer(0, 3) == 0 ? kNegInfF : rng.normal();
+            break;
+        }
+      }
+      if (kind == Kind::hot)  // 1 to 6 hot pages per row: the counts vary per row
+        for (int h = rng.integer(1, 6); h > 0; --h) s[rng.integer(0, M - 1)] = rng.normal();
+    }
+  }
+  BatchView bv() const {
+    BatchView b;
+    b.block_table = table.data();
+    b.block_table_stride = M;
+    b.seq_lens = lens.data();
+    b.batch_size = B;
+    b.max_blocks_per_seq = M;
+    return b;
+  }
+  DecodeParams params(const SelectConfig& sc) const {
+    DecodeParams p;
+    p.cache = CacheLayout{int64_t(B) * M, P, H, 64, DType::bf16};
+    p.summary = summary_layout_for(p.cache, 4, Precision::fp32);
+    p.num_q_heads = H;
+    p.max_batch = B;
+    p.max_blocks_per_seq = M;
+    p.select = sc;
+    return p;
+  }
+};
+
+// A selection's output in host memory.
+struct SelRun {
+  std::vector<int32_t> pages, counts;
+  int capacity = 0;
+};
+
+// One plan, its workspace and the output buffers for one shape of Rows; run() uploads a
+// step's lengths, table and scores into the same buffers (as a replayed graph would).
+class Session {
+ public:
+  Session(OpsBackend* be, const Rows& shape, const SelectConfig& sc)
+      : be_(be), plan_(be->plan(shape.params(sc))), n_rows_(size_t(shape.B) * shape.H) {
+    ws_ = be->alloc(plan_.workspace_bytes);
+    table_ = be->alloc(shape.table.size() * 4);
+    lens_ = be->alloc(shape.lens.size() * 4);
+    gs_ = be->alloc(shape.scores.size() * 4);
+    pages_ = be->alloc(n_rows_ * plan_.capacity * 4);
+    counts_ = be->alloc(n_rows_ * 4);
+  }
+  ~Session() {
+    for (void* p : {ws_, table_, lens_, gs_, pages_, counts_}) be_->free(p);
+  }
+  Session(const Session&) = delete;
+  const DecodePlan& plan() const { return plan_; }
+
+  SelRun run(const Rows& rows) {
+    be_->put(table_, rows.table.data(), rows.table.size() * 4);
+    be_->put(lens_, rows.lens.data(), rows.lens.size() * 4);
+    be_->put(gs_, rows.scores.data(), rows.scores.size() * 4);
+    BatchView b = rows.bv();
+    b.block_table = static_cast<int32_t*>(table_);
+    b.seq_lens = static_cast<int32_t*>(lens_);
+    const Selection out{static_cast<int32_t*>(pages_), static_cast<int32_t*>(counts_),
+                        plan_.capacity};
+    be_->select_pages(plan_, {ws_, plan_.workspace_bytes}, b, static_cast<float*>(gs_), out);
+    be_->finish();
+    SelRun r;
+    r.capacity = plan_.capacity;
+    r.pages.resize(n_rows_ * plan_.capacity);
+    r.counts.resize(n_rows_);
+    be_->get(r.pages.data(), pages_, r.pages.size() * 4);
+    be_->get(r.counts.data(), counts_, r.counts.size() * 4);
+    return r;
+  }
+
+ private:
+  OpsBackend* be_;
+  DecodePlan plan_;
+  size_t n_rows_;
+  void *ws_, *table_, *lens_, *gs_, *pages_, *counts_;
+};
+
+SelRun run_select(OpsBackend* be, const Rows& rows, const SelectConfig& sc) {
+  return Session(be, rows, sc).run(rows);
+}
+
+SelectionBuf reference(const Rows& rows, SelectConfig sc, double tau, int cap) {
+  sc.tau = float(tau);
+  SelectionBuf s(rows.B, rows.H, cap);
+  const std::vector<double> gd(rows.scores.begin(), rows.scores.end());
+  ref::select_pages(gd.data(), rows.bv(), rows.H, rows.P, sc, s.sel);
+  return s;
+}
+
+// Every row: ascending, -1 padded, and the reference's selection for a tau' in
+// [tau (1 - kTauTol), tau (1 + kTauTol)]: the pages of the reference at the low end, then a
+// best-first prefix of those the high end adds. The CPU sums as the reference does (same
+// doubles, same order): exactly the reference's selection at tau.
+void expect_matches(Backend kind, const Rows& rows, const SelectConfig& sc, const SelRun& got) {
+  const int cap = got.capacity;
+  const SelectionBuf at = reference(rows, sc, sc.tau, cap);
+  const SelectionBuf lo = reference(rows, sc, sc.tau * (1 - kTauTol), cap);
+  const SelectionBuf hi = reference(rows, sc, std::min(1.0, sc.tau * (1 + kTauTol)), cap);
+  for (int b = 0; b < rows.B; ++b)
+    for (int g = 0; g < rows.H; ++g) {
+      const int64_t row = int64_t(b) * rows.H + g;
+      SCOPED_TRACE(testing::Message() << "sequence " << b << " head " << g);
+      const int n = got.counts[size_t(row)];
+      ASSERT_TRUE(n >= 0 && n <= cap) << "count " << n;
+      const auto first = got.pages.begin() + row * cap;
+      const std::vector<int32_t> sel(first, first + n);
+      EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
+      EXPECT_TRUE(std::all_of(first + n, first + cap, [](int32_t p) { return p == -1; }));
+      if (kind == Backend::cpu) {
+        EXPECT_EQ(sel, at.of(b, g, rows.H));
+        continue;
+      }
+      const std::vector<int32_t> l = lo.of(b, g, rows.H), u = hi.of(b, g, rows.H);
+      EXPECT_TRUE(std::includes(sel.begin(), sel.end(), l.begin(), l.end())) << "misses a page";
+      EXPECT_TRUE(std::includes(u.begin(), u.end(), sel.begin(), sel.end())) << "extra page";
+      const float* s = &rows.scores[size_t(row) * rows.M];
+      const std::set<int32_t> in(sel.begin(), sel.end()), base(l.begin(), l.end());
+      for (int32_t x : sel)
+        for (int32_t y : u)
+          if (!base.count(x) && !in.count(y))
+            EXPECT_TRUE(s[x] > s[y] || (s[x] == s[y] && x < y))
+                << "page " << x << " kept over the better page " << y;
+    }
+}
+
+class AdaptiveSelect : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_backend();
+    const std::string why = be_->unavailable();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  std::unique_ptr<OpsBackend> be_;
+};
+
+TEST_F(AdaptiveSelect, MatchesReferenceOnHandMadeScores) {
+  int rows_checked = 0, trimmed = 0;
+  for (const int M : {300, 2200})  // 2200 pages: two selection chunks on CUDA
+    for (const Kind kind : {Kind::random, Kind::hot, Kind::ties, Kind::neg_inf}) {
+      const Rows rows(M, kind, 11 + M + int(kind));
+      for (const SelectConfig base : {SelectConfig{64 * 16 + 3, 0, 0}, SelectConfig{64 * 16, 1, 2}})
+        for (const float tau : {0.5f, 0.9f, 0.99f, 1.0f})
+          for (const int floor_pages : {0, 1, 4}) {
+            SelectConfig sc = base;
+            sc.tau = tau;
+            sc.floor_pages = floor_pages;
+            SCOPED_TRACE(testing::Message()
+                         << "M " << M << " kind " << int(kind) << " sink " << sc.sink_pages
+                         << " tau " << tau << " floor " << floor_pages);
+            const SelRun got = run_select(be_.get(), rows, sc);
+            expect_matches(be_->kind(), rows, sc, got);
+            const SelectionBuf fixed = reference(rows, base, 0.0, got.capacity);
+            for (size_t i = 0; i < got.counts.size(); ++i, ++rows_checked) {
+              EXPECT_LE(got.counts[i], fixed.counts[i]) << "the budget is the ceiling";
+              trimmed += got.counts[i] < fixed.counts[i];
+            }
+          }
+    }
+  // The cases must exercise the rule, not only the ceiling (rows that fit the budget, and
+  // spread scores at tau 0.99 / 1, reach it): 204 of 1536 rows are trimmed on the CPU.
+  EXPECT_GT(trimmed, rows_checked / 10);
+}
+
+// One plan, one workspace, one output buffer: the counts follow the data (a step where two
+// pages hold the mass, one where it is spread), the capacity and the buffers do not.
+TEST_F(AdaptiveSelect, CountsVaryUnderAFixedCapacity) {
+  SelectConfig sc{64 * 16, 0, 0};
+  sc.tau = 0.9f;
+  Rows peaked(300, Kind::hot, 5), spread(300, Kind::random, 5);
+  std::fill(peaked.scores.begin(), peaked.scores.end(), -20.0f);
+  for (size_t row = 0; row < size_t(peaked.B) * peaked.H; ++row)
+    peaked.scores[row * 300 + 3] = peaked.scores[row * 300 + 7] = 0.0f;  // half the mass each
+  for (float& s : spread.scores) s = 0.1f * s;                           // near uniform
+  Session session(be_.get(), peaked, sc);
+  const SelRun a = session.run(peaked), b = session.run(spread), c = session.run(peaked);
+  EXPECT_EQ(session.plan().capacity, rules::select_capacity(sc.budget_tokens, 16, 300));
+  EXPECT_EQ(c.pages, a.pages) << "a replay of the same data selects the same pages";
+  EXPECT_EQ(c.counts, a.counts);
+  expect_matches(be_->kind(), peaked, sc, a);
+  expect_matches(be_->kind(), spread, sc, b);
+  // Sequence 0 (300 full pages): pages 3 and 7 cover 0.9, the spread scores need the budget.
+  EXPECT_EQ(a.counts[0], 2);
+  EXPECT_EQ(b.counts[0], 64);
+  // Sequence 2 (37 tokens, 3 pages) fits the budget: every page, tau or not.
+  EXPECT_EQ(a.counts[4], 3);
+}
+
+}  // namespace
+}  // namespace locks::test
