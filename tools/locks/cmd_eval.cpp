@@ -19,10 +19,8 @@ constexpr const char* kUsage =
     "                  [--methods full,oracle,quest,shared_proj,shadowkv,rocket,rocket_snapkv,\n"
     "                   locks_fp32,locks_quant] [--page-size 16] [--rank 8]\n"
     "                  [--basis-rank d/4] [--rocket-dims d/4] [--sink 0] [--recent 0]\n"
-    "                  [--snapkv-keep 4] [--outlier-share 0.015625] [--qweight-floor 0.01]
-    "
-    "                  [--title TEXT] [--tau 0] [--floor-pages 1]
-    "
+    "                  [--snapkv-keep 4] [--outlier-share 0.015625] [--qweight-floor 0.01]\n"
+    "                  [--title TEXT] [--tau 0] [--floor-pages 1]\n"
     "                  [--no-plots] [--per-query] [--force]\n"
     "--methods also takes LOCKS variants lx-... (src/eval/selector_locks_variant.cpp) and\n"
     "two-level LOCKS locks_h2 / h2-... (src/eval/selector_locks_h2.cpp, "
