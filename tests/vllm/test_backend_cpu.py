@@ -179,3 +179,15 @@ def test_cudagraph_support_level():
 def test_kv_layout_gives_contiguous_k_and_v():
     kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(10, P, H, D))
     assert kv[0].is_contiguous() and kv[1].is_contiguous() and tuple(kv[0].shape) == (10, P, H, D)
+
+
+def test_strided_kv_cache_refused_with_the_runner_named(setup):
+    # The V1 model runner's layout (measured on the H200): K and V of a block interleaved, so
+    # kv_cache[0] is strided. The impl refuses it by name instead of failing inside an op.
+    s = setup({"precision": "fp32", "budget": 64})
+    bt, gen = tables(), torch.Generator().manual_seed(0)
+    blocked = torch.zeros(NB, 2, P, H, D, dtype=torch.bfloat16).transpose(0, 1)
+    assert not blocked[0].is_contiguous()
+    s.kv = blocked
+    with pytest.raises(NotImplementedError, match="VLLM_USE_V2_MODEL_RUNNER"):
+        step(s, bt, [37, 20], [37, 20], gen)

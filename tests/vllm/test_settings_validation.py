@@ -69,3 +69,14 @@ def test_engine_level_refusals():
     assert "--kv-transfer-config" in refuse_config(fake_config(kv_transfer_config=object()))[0]
     assert "--kv-offloading-size" in refuse_config(fake_config(kv_offloading_size=4.0))[0]
     assert "--block-size 32" in refuse_config(fake_config(block_size=32))[0]
+
+
+def test_validate_refuses_the_v1_model_runner(monkeypatch):
+    # Measured on the H200: the V1 runner's KV cache has a strided K half (docs/vllm.md).
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    reasons = validate()
+    assert len(reasons) == 1 and "VLLM_USE_V2_MODEL_RUNNER" in reasons[0], reasons
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert validate() == []
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert validate() == []

@@ -19,6 +19,8 @@ summaries, the cache and the wrapper's workspace, all allocated once.
 """
 from __future__ import annotations
 
+import os
+
 from typing import ClassVar
 
 import torch
@@ -116,6 +118,12 @@ class LocksAttentionBackend(AttentionBackend):
             r.append("prefill context parallelism is not supported by LOCKS")
         if device_capability is not None and not cls.supports_compute_capability(device_capability):
             r.append(f"compute capability {device_capability} < 8.0 not supported by LOCKS")
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip() in ("0", "false", "False"):
+            # Measured on the H200 (2026-12-02, docs/vllm.md): the V1 runner hands this backend a
+            # KV cache whose K half is not contiguous, which the LOCKS kernels do not read.
+            r.append("VLLM_USE_V2_MODEL_RUNNER=0 (the V1 model runner) is not supported by LOCKS: its "
+                     "KV-cache layout is not the contiguous [2, N, 16, H, d] the kernels read; unset "
+                     "VLLM_USE_V2_MODEL_RUNNER")
         return r
 
 

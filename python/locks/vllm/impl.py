@@ -132,6 +132,12 @@ class LocksAttentionImpl(FlashAttentionImpl):
             return output.fill_(0)
         md: LocksMetadata = attn_metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise NotImplementedError(
+                "LOCKS: vLLM laid this layer's KV cache out with a strided K/V half "
+                f"(K strides {tuple(k_cache.stride())}); the LOCKS kernels read a contiguous "
+                "[2, num_blocks, 16, H, d] cache. This happens with the V1 model runner "
+                "(VLLM_USE_V2_MODEL_RUNNER=0): use the default V2 runner")
         summaries = self.side.summaries()
         n = query.shape[0]
         # Rebuild the summary of every block whose last slot this step wrote (decode, chunked
