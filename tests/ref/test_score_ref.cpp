@@ -26,7 +26,9 @@ TEST(RefSelfCheck, AggregateIsTheMeanOfNormalisedShares) {
   EXPECT_EQ(gs[2], kNegInf);
 }
 
-TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
+// A full-rank (r = P - 1) fp32 summary reproduces every logit, so its score is the exact log
+// page mass: plain, and query-weighted (summary.h: an exact reformulation at full rank).
+void expect_full_rank_scores_exact(const float* qweight) {
   CacheSpec sp;
   sp.seq_lens = {48};
   sp.num_kv_heads = 1;
@@ -37,9 +39,10 @@ TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
   std::vector<float> mu(size_t(sl.num_blocks) * d), basis(size_t(sl.num_blocks) * r * d),
       coeff(size_t(sl.num_blocks) * P * r);
   SummaryView sv{sl, mu.data(), basis.data(), coeff.data()};
+  sv.qweight = qweight;
   for (int j = 0; j < 3; ++j) {
     const int32_t blk = t.block_of(0, j);
-    const ref::PageSummary64 s = ref::summary_build_page(t.view(), blk, 0, r);
+    const ref::PageSummary64 s = ref::summary_build_page(t.view(), blk, 0, r, qweight);
     std::copy(s.mu.begin(), s.mu.end(), mu.begin() + blk * d);
     std::copy(s.basis.begin(), s.basis.end(), basis.begin() + blk * r * d);
     std::copy(s.coeff.begin(), s.coeff.end(), coeff.begin() + blk * P * r);
@@ -49,31 +52,14 @@ TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
   }
 }
 
-// Query-weighted summaries (summary.h) are an exact reformulation at full rank: the basis of
-// the weighted deviations applied to q / w reproduces every logit.
+TEST(RefSelfCheck, ScoreFromAFullRankSummaryIsTheExactLogMass) {
+  expect_full_rank_scores_exact(nullptr);
+}
+
 TEST(RefSelfCheck, WeightedFullRankSummaryIsTheExactLogMass) {
-  CacheSpec sp;
-  sp.seq_lens = {48};
-  sp.num_kv_heads = 1;
-  sp.num_q_heads = 1;
-  TestCache t = make_cache(sp);
-  const int P = 16, d = 64, r = P - 1;
-  std::vector<float> w(static_cast<size_t>(d), 1.0f);
-  for (int c = 0; c < d; ++c) w[size_t(c)] = std::exp(0.15f * float(c % 23) - 1.5f);
-  SummaryLayout sl{t.layout().num_blocks, P, 1, d, r, Precision::fp32};
-  std::vector<float> mu(size_t(sl.num_blocks) * d), basis(size_t(sl.num_blocks) * r * d),
-      coeff(size_t(sl.num_blocks) * P * r);
-  SummaryView sv{sl, mu.data(), basis.data(), coeff.data()};
-  sv.qweight = w.data();
-  for (int j = 0; j < 3; ++j) {
-    const int32_t blk = t.block_of(0, j);
-    const ref::PageSummary64 s = ref::summary_build_page(t.view(), blk, 0, r, w.data());
-    std::copy(s.mu.begin(), s.mu.end(), mu.begin() + blk * d);
-    std::copy(s.basis.begin(), s.basis.end(), basis.begin() + blk * r * d);
-    std::copy(s.coeff.begin(), s.coeff.end(), coeff.begin() + blk * P * r);
-    EXPECT_NEAR(ref::score_page(sv, blk, 0, t.q.data(), t.scale()),
-                ref::exact_log_mass(t.view(), blk, 0, P, t.q.data(), t.scale()), 1e-5);
-  }
+  std::vector<float> w(static_cast<size_t>(64), 1.0f);
+  for (int c = 0; c < 64; ++c) w[size_t(c)] = std::exp(0.15f * float(c % 23) - 1.5f);
+  expect_full_rank_scores_exact(w.data());
 }
 
 // At a low rank the weighted basis fits the weighted deviations best: its weighted residual
