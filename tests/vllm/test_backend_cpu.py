@@ -185,9 +185,13 @@ def test_strided_kv_cache_refused_with_the_runner_named(setup):
     # The V1 model runner's layout (measured on the H200): K and V of a block interleaved, so
     # kv_cache[0] is strided. The impl refuses it by name instead of failing inside an op.
     s = setup({"precision": "fp32", "budget": 64})
-    bt, gen = tables(), torch.Generator().manual_seed(0)
     blocked = torch.zeros(NB, 2, P, H, D, dtype=torch.bfloat16).transpose(0, 1)
     assert not blocked[0].is_contiguous()
-    s.kv = blocked
+    cm = common_metadata([37, 20], [37, 20], tables())
+    n = cm.num_actual_tokens
+    md = s.builder.build(0, cm)
+    q = torch.zeros(n, HQ, D, dtype=torch.bfloat16)
+    kv_new = torch.zeros(n, H, D, dtype=torch.bfloat16)
+    out = torch.zeros(n, HQ * D, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="VLLM_USE_V2_MODEL_RUNNER"):
-        step(s, bt, [37, 20], [37, 20], gen)
+        s.impl.forward(LAYER, q, kv_new, kv_new, blocked, md, out)
