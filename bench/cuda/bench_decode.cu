@@ -5,7 +5,7 @@
 // the summary build (incremental per step, bulk). Rows that cannot run (device memory) print
 // why.
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
-//                         [--score-chunk 32|64|128] [--select-chunk 2048|4096]
+//                         [--score-chunk 32|64|128] [--select-chunk 2048|4096] [--tau T]
 //   --only runs one row, any context and batch (the first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
 #include <cuda_runtime.h>
@@ -154,6 +154,7 @@ const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 12
 struct Opts {
   bool quick = false;
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
+  float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   double ceiling = 4.4;
   FILE* csv = nullptr;
 };
@@ -245,6 +246,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
   cuda::Plan plan{L, m.hq, B, int(pages), DecodeConfig{SelectConfig{kBudget, 1, 2}, 0.0f}};
   plan.score_chunk_pages = o.score_chunk;
+  plan.cfg.select.tau = o.tau;
   plan.select_chunk_pages = o.select_chunk;
   {
     cuda::Decoder dec(plan);
@@ -341,6 +343,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
     if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
       o.score_chunk = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));
     if (std::strcmp(argv[i], "--select-chunk") == 0 && i + 1 < argc)
       o.select_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
