@@ -1,7 +1,6 @@
 // CPU implementations of the `locks` tensor ops: ops_impl.h over locks::cpu (contract.h).
-#include <torch/library.h>
-
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include "ops_impl.h"
 

@@ -61,13 +61,13 @@ class PageSelector {
 };
 
 struct SelectorParams {
-  int rank = 8;          // LOCKS summary rank r
-  int basis_rank = 0;    // shared basis rank R; 0 = head_dim / 4
-  int rocket_dims = 0;   // RocketKV: query dimensions used per head; 0 = head_dim / 4
+  int rank = 8;         // LOCKS summary rank r
+  int basis_rank = 0;   // shared basis rank R; 0 = head_dim / 4
+  int rocket_dims = 0;  // RocketKV: query dimensions used per head; 0 = head_dim / 4
   // locks_wq: floor of the query weights' power, as a share of its mean over channels
   // (locks::qweight_from_queries); 1 = every channel weighted alike (the plain summaries).
   double qweight_floor = 1e-2;
-  int shadow_chunk = 8;  // ShadowKV landmark chunk (tokens)
+  int shadow_chunk = 8;                    // ShadowKV landmark chunk (tokens)
   double shadow_outlier_share = 1.0 / 64;  // share of pages kept as outliers (cap: k / 4)
   double snapkv_keep = 4.0;                // SnapKV eviction keeps ceil(keep * budget / P) pages
   int snapkv_pool = 7;                     // SnapKV max-pool kernel (tokens)
