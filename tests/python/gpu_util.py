@@ -85,11 +85,13 @@ def assert_attention_close(out, lse, ref, kv_dtype):
     assert (err_out <= tol_out).all(), f"out error {float((err_out / tol_out).max()):.3g} x the bound"
 
 
-def group_shares(q, summaries, bt, sl, scale, P=16):
+def group_shares(q, summaries, bt, sl, scale, P=16, qweight=None):
     """float64 LOCKS page scores from the (fp32 or dequantized) summaries, share-averaged per
     GQA group: shares [B, H, mb] (0 for pages without a summary), and the per-page logit
-    error budget A (test_compare.h's logit_magnitude)."""
+    error budget A (test_compare.h's logit_magnitude). qweight [H, d]: query-weighted
+    summaries (the basis multiplies q / w)."""
     mu, basis, coeff = [t.double().cpu() for t in summaries]
+    qw = qweight.double().cpu() if qweight is not None else None
     B, Hq, d = q.shape
     H = mu.shape[1]
     G = Hq // H
@@ -102,11 +104,12 @@ def group_shares(q, summaries, bt, sl, scale, P=16):
         for g in range(H):
             for h in range(g * G, (g + 1) * G):
                 qq = q[b, h].double().cpu()
-                w = basis[blk, g] @ qq  # [full, r]
+                qb = qq / qw[g] if qw is not None else qq  # what the basis multiplies
+                w = basis[blk, g] @ qb  # [full, r]
                 logits = scale * (mu[blk, g] @ qq)[:, None] + scale * (coeff[blk, g] @ w[:, :, None])[..., 0]
                 s = torch.logsumexp(logits, 1)
                 shares[b, g, :full] += torch.softmax(s, 0) / G
-                A = scale * ((mu[blk, g].abs() @ qq.abs()) + (coeff[blk, g].abs() @ (basis[blk, g].abs() @ qq.abs())[:, :, None])[..., 0].amax(1))
+                A = scale * ((mu[blk, g].abs() @ qq.abs()) + (coeff[blk, g].abs() @ (basis[blk, g].abs() @ qb.abs())[:, :, None])[..., 0].amax(1))
                 budget[b, g, :full] = torch.maximum(budget[b, g, :full], A)
     return shares, budget
 

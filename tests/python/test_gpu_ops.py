@@ -27,7 +27,7 @@ SHAPES = [  # (head_dim, H, Hq, dtype)
 ]
 
 
-def assert_same_fit(k, blocks, s_a, s_b, precision):
+def assert_same_fit(k, blocks, s_a, s_b, precision, as_float=False):
     """Two summary builds of the same pages fit equally well: each page's residual energy
     (the sum of its keys' squared reconstruction errors, i.e. the eigenvalues past rank r)
     agrees. That objective is stable when the r-th and (r+1)-th eigenvalues nearly tie, where
@@ -38,7 +38,7 @@ def assert_same_fit(k, blocks, s_a, s_b, precision):
     ||K - mu||^2), so the two differ by at most twice that; int4: each key moves by at most
     one basis quantization step (0.05 of the page's largest key norm), so the page's residual
     norm moves by at most that times sqrt(P)."""
-    fa, fb = as_float_summaries(s_a), as_float_summaries(s_b)
+    fa, fb = (s_a, s_b) if as_float else (as_float_summaries(s_a), as_float_summaries(s_b))
     rec = lambda s: (s[0][:, None] + torch.einsum("bhpr,bhrd->bphd", s[2], s[1]))[blocks.long()]  # noqa: E731
     kk = k[blocks.long()].double()
     e_a = ((rec(fa).double() - kk).norm(dim=-1) ** 2).sum(1)  # [pages, H]
@@ -108,6 +108,35 @@ def test_cuda_select_matches_cpu_up_to_near_ties(d, H, Hq, dtype, precision, bud
     pc, cc = wc.select(q, s, bt, sl)
     pg, cg = wg.select(q.to(DEV), sg, bt.to(DEV), sl.to(DEV))
     shares, A = group_shares(q, as_float_summaries(s), bt, sl, d ** -0.5)
+    assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
+
+
+@pytest.mark.parametrize("d,H,Hq", [(128, 2, 16), (256, 1, 4)])
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_cuda_query_weighted_matches_cpu(d, H, Hq, precision):
+    """Query-weighted summaries (summary.h): the CUDA build fits the weighted deviations as the
+    CPU does, and CUDA selection on them agrees with the CPU's up to near ties (d 256: Gemma-3's
+    global layers, where the drop-in turns them on)."""
+    k, _, bt, sl, q = paged(H=H, Hq=Hq, d=d)
+    nb, mb = k.shape[0], bt.shape[1]
+    w = torch.exp(torch.randn(H, d, generator=torch.Generator().manual_seed(9)) * 1.2)
+    blocks = full_blocks(bt, sl)
+    s = ops.new_summaries(nb, H, d, P, 8, precision=precision)
+    ops.summary_build(k, blocks, ops.with_qweight(s, w))
+    sd = ops.new_summaries(nb, H, d, P, 8, precision=precision, device=DEV)
+    ops.summary_build(k.to(DEV), blocks.to(DEV), ops.with_qweight(sd, w.to(DEV)))
+    # the fits compared in the weighted metric: both sides' keys and centroids times w
+    scaled = lambda x: [x[0] * w, x[1], x[2]]  # noqa: E731
+    fa = scaled(as_float_summaries(s))
+    fb = scaled(as_float_summaries(sd))
+    kk = k.double() * w.double()
+    assert_same_fit(kk, blocks, fa, fb, precision, as_float=True)
+    wc = wrapper("cpu", 4, Hq, H, d, nb, mb, 512, precision)
+    wg = wrapper(DEV, 4, Hq, H, d, nb, mb, 512, precision)
+    pc, cc = wc.select(q, ops.with_qweight(s, w), bt, sl)
+    sg = [t.to(DEV) for t in s]
+    pg, cg = wg.select(q.to(DEV), ops.with_qweight(sg, w.to(DEV)), bt.to(DEV), sl.to(DEV))
+    shares, A = group_shares(q, as_float_summaries(s), bt, sl, d ** -0.5, qweight=w)
     assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
 
 
