@@ -170,14 +170,8 @@ inline locks::SummaryView summary_view(at::TensorList all, const locks::CacheLay
     require(w, "summaries[-1] (qweight)", at::kFloat, 2);
     shape(w, "summaries[-1] (qweight)", {h, d});
     v.qweight = w.data_ptr<float>();
-    // Host weights are checked here; device weights where they are made (docs/python.md).
-    if (w.is_cpu()) {
-      try {
-        locks::validate_qweight(v.qweight, int(h), int(d));
-      } catch (const locks::Error& e) {
-        TORCH_CHECK_VALUE(false, "summaries[-1] (qweight): ", e.what());
-      }
-    }
+    // Values are checked by the CPU library on every call (locks::validate_qweight); device
+    // weights where they are made (the drop-in calibrates them on the host).
   }
   if (!quant) {
     v.mu = mu.data_ptr<float>();

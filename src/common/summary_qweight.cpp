@@ -14,8 +14,8 @@ void validate_qweight(const float* qweight, int num_kv_heads, int head_dim) {
   const int64_t n = int64_t(num_kv_heads) * head_dim;
   for (int64_t i = 0; i < n; ++i)
     LOCKS_REQUIRE(std::isfinite(qweight[i]) && qweight[i] > 0.0f,
-                  "query weights must be finite and > 0; entry ", i, " (KV head ", i / head_dim,
-                  ", channel ", i % head_dim, ") is ", qweight[i]);
+                  "query weights (qweight) must be finite and > 0; entry ", i, " (KV head ",
+                  i / head_dim, ", channel ", i % head_dim, ") is ", qweight[i]);
 }
 
 void qweight_from_queries(const float* q, int64_t n, int num_q_heads, int num_kv_heads,

@@ -35,6 +35,9 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
                 cl.num_blocks, ", P ", cl.page_size, ", heads ", cl.num_kv_heads, ", d ",
                 cl.head_dim, ")");
   LOCKS_REQUIRE(n_blocks >= 0, "n_blocks must be >= 0, got ", n_blocks);
+  // Checked even when no page is built (a filled-page update with none complete), so that
+  // bad weights are refused on every call, not only on the steps that fill a page.
+  validate_qweight(out.qweight, cl.num_kv_heads, cl.head_dim);
   if (n_blocks == 0) return;
   LOCKS_REQUIRE(block_ids != nullptr, "block_ids is null");
   LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
@@ -45,7 +48,6 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
                       out.coeff_scale,
                   "quant summary arrays are null");
   }
-  validate_qweight(out.qweight, cl.num_kv_heads, cl.head_dim);
   for (int64_t i = 0; i < n_blocks; ++i) {
     LOCKS_REQUIRE(block_ids[i] >= 0 && block_ids[i] < cl.num_blocks, "block_ids[", i,
                   "] = ", block_ids[i], " outside [0, ", cl.num_blocks, ")");
