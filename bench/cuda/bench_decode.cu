@@ -6,6 +6,7 @@
 // why.
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
 //                         [--score-chunk 32|64|128] [--select-chunk 2048|4096] [--tau T]
+//                         [--select-cluster -1|1|2|4|8|16]
 //   --only runs one row, any context and batch (the first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
 #include <cuda_runtime.h>
@@ -154,6 +155,7 @@ const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 12
 struct Opts {
   bool quick = false;
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
+  int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   double ceiling = 4.4;
   FILE* csv = nullptr;
@@ -248,6 +250,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   plan.score_chunk_pages = o.score_chunk;
   plan.cfg.select.tau = o.tau;
   plan.select_chunk_pages = o.select_chunk;
+  plan.select_cluster = o.select_cluster;
   {
     cuda::Decoder dec(plan);
     const QueryView qv{q, m.hq};
@@ -257,8 +260,12 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
     const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
     const double t_score = median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
-    const double t_agg = median_ms([&] { dec.aggregate(batch, st); }, st, reps);
-    const double t_sel = median_ms([&] { dec.select(batch, st); }, st, reps);
+    // With a selection cluster the step aggregates and selects in one launch: its time is
+    // sel_ms and agg_ms is 0.
+    const int cluster = dec.select_cluster();
+    const double t_agg = cluster ? 0.0 : median_ms([&] { dec.aggregate(batch, st); }, st, reps);
+    const double t_sel = cluster ? median_ms([&] { dec.aggregate_select(batch, st); }, st, reps)
+                                 : median_ms([&] { dec.select(batch, st); }, st, reps);
     const Selection sel = dec.selection();
     const double t_attn = median_ms([&] { dec.attend(cache, batch, qv, &sel, ao, st); }, st, reps);
     // Incremental summary build in the step's graph: every sequence completes a page
@@ -288,10 +295,10 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     const double launch_gap = t_locks - (t_score + t_agg + t_sel + t_attn);
     std::printf(
         "%-19s %8lld %5d | %9.4f %9.4f %6.2f %6.2f %6.1f | %8.4f %7.4f %7.4f %7.4f %7.4f %7.4f | "
-        "%6.1f %6.1f %6.1f\n",
+        "%6.1f %6.1f %6.1f %3d\n",
         m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes / locks_bytes,
         100 * floor_ms / t_locks, t_score, t_agg, t_sel, t_attn, launch_gap, t_build_step,
-        100 * dense_bw / o.ceiling, 100 * score_bw / o.ceiling, 100 * attn_bw / o.ceiling);
+        100 * dense_bw / o.ceiling, 100 * score_bw / o.ceiling, 100 * attn_bw / o.ceiling, cluster);
     // Latency of one build_filled launch (the step's graph pays it whenever a page fills).
     // Amortised over 16 steps: sequences filling pages on the same step pay one full launch
     // per 16 steps; staggered ones (ragged serving) pay min(B, 16) of them.
@@ -307,11 +314,11 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     if (o.csv)
       std::fprintf(o.csv,
                    "%s,%lld,%d,%.5f,%.5f,%.3f,%.0f,%.0f,%.3f,%.5f,%.2f,%.3f,%.5f,%.3f,%.5f,%.5f,"
-                   "%.5f,%.3f,%.5f,%.5f,%.4f,%.4f\n",
+                   "%.5f,%.3f,%.5f,%.5f,%.4f,%.4f,%d\n",
                    m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes,
                    locks_bytes, dense_bytes / locks_bytes, floor_ms, 100 * floor_ms / t_locks,
                    dense_bw, t_score, score_bw, t_agg, t_sel, t_attn, attn_bw, launch_gap,
-                   t_build_step, t_build_full, t_build_none);
+                   t_build_step, t_build_full, t_build_none, cluster);
 
     // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
     if (ctx == 131072 && B == 1) {
@@ -344,6 +351,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
       o.score_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));
+    if (std::strcmp(argv[i], "--select-cluster") == 0 && i + 1 < argc)
+      o.select_cluster = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--select-chunk") == 0 && i + 1 < argc)
       o.select_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
@@ -367,11 +376,11 @@ int main(int argc, char** argv) {
                  "model,context,batch,dense_ms,locks_ms,time_ratio,dense_bytes,locks_bytes,"
                  "bytes_ratio,floor_ms,floor_pct,dense_TBps,score_ms,score_TBps,aggregate_ms,"
                  "select_ms,sparse_attn_ms,sparse_attn_TBps,launch_ms,build_step_ms,"
-                 "build_full_ms,build_none_ms\n");
-  std::printf("\n%-19s %8s %5s | %9s %9s %6s %6s %6s | %8s %7s %7s %7s %7s %7s | %6s %6s %6s\n",
+                 "build_full_ms,build_none_ms,select_cluster\n");
+  std::printf("\n%-19s %8s %5s | %9s %9s %6s %6s %6s | %8s %7s %7s %7s %7s %7s | %6s %6s %6s %3s\n",
               "model", "context", "batch", "dense_ms", "locks_ms", "xtime", "xbytes", "floor%",
               "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
-              "attn%");
+              "attn%", "cl");
   if (!only_model.empty()) {
     const Model* pick = nullptr;
     for (const Model& m : kModels)
@@ -421,7 +430,9 @@ int main(int argc, char** argv) {
       "selected pages); floor%% = LOCKS minimum bytes at the read ceiling / locks_ms; dense%%, "
       "score%%, attn%% = achieved bandwidth / read ceiling (%.2f TB/s; attn counts the selected "
       "K+V); launch = LOCKS graph time minus the four stages timed alone; build = amortised "
-      "incremental summary build per step (ms, not in locks_ms)\n",
+      "incremental summary build per step (ms, not in locks_ms); cl = blocks per (sequence, KV "
+      "head) of the one-launch aggregation + selection (0: separate launches; otherwise "
+      "agg_ms is 0 and sel_ms times the one launch)\n",
       o.ceiling);
   return 0;
 }

@@ -70,6 +70,10 @@ void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,
 // out.capacity == plan.capacity; rows [0, batch_size) written (select.h).
 void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                   const float* group_scores, const Selection& out);
+// aggregate_gqa then select_pages (CUDA: one launch where the plan chose it,
+// plan.select_cluster > 0; the same group scores and selection bit for bit).
+void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                      const float* head_scores, float* group_scores, const Selection& out);
 // attention.h: sparse over sel (capacity <= plan.capacity), dense over every page.
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
@@ -101,6 +105,9 @@ void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                    const float* head_scores, float* group_scores, cudaStream_t stream);
 void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                   const float* group_scores, const Selection& out, cudaStream_t stream);
+void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                      const float* head_scores, float* group_scores, const Selection& out,
+                      cudaStream_t stream);
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out, cudaStream_t stream);

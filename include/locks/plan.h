@@ -29,6 +29,10 @@ struct DecodeParams {
   int score_chunk_pages = 0;
   // Pages per first-stage selection block: 2048 or 4096.
   int select_chunk_pages = 0;
+  // Aggregation + selection in one launch, a thread-block cluster of this many blocks per
+  // (sequence, KV head): 0 = the plan's rule (small grids, fixed budget), -1 = never (the
+  // separate aggregation and two-stage selection), 1, 2, 4, 8 or 16 to force one.
+  int select_cluster = 0;
 };
 
 DecodeShape decode_shape(const DecodeParams& p);
@@ -58,6 +62,7 @@ struct DecodePlan {
   // per scoring block, selection chunks, split-K attention splits.
   int score_chunks = 0, score_chunk_pages = 0;
   int select_chunks = 0, select_chunk_pages = 0;
+  int select_cluster = 0;  // blocks per row of the one-launch aggregation + selection; 0 = none
   int dense_pages_per_split = 0, dense_splits = 0;
   int sparse_pages_per_split = 0, sparse_splits = 0;
   // Where each buffer sits in the workspace. head_scores [B, Hq, M] f32, group_scores
@@ -75,7 +80,8 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5302;  // "LOCKS" v2 (v2: tau, floor_pages)
+  static constexpr int64_t kTag =
+      0x4c4f434b5303;  // "LOCKS" v3 (v2: tau, floor_pages; v3: select_cluster)
   static constexpr size_t kNumInts = 64;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

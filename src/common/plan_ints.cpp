@@ -22,6 +22,7 @@ void fields(Plan& p, F&& f) {
   f(p.params.select.budget_tokens), f(p.params.select.sink_pages), f(p.params.select.recent_pages);
   f(p.params.select.tau), f(p.params.select.floor_pages);
   f(p.params.scale), f(p.params.score_chunk_pages), f(p.params.select_chunk_pages);
+  f(p.params.select_cluster), f(p.select_cluster);
   f(p.group), f(p.threads), f(p.score_chunks), f(p.score_chunk_pages), f(p.select_chunks),
       f(p.select_chunk_pages), f(p.dense_pages_per_split), f(p.dense_splits),
       f(p.sparse_pages_per_split), f(p.sparse_splits);
@@ -31,7 +32,7 @@ void fields(Plan& p, F&& f) {
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 22 + 10 + 24;
+constexpr int kFields = 22 + 2 + 10 + 24;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>

@@ -81,6 +81,16 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                      thread_scratch(plan, ws));
 }
 
+void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                      const float* head_scores, float* group_scores, const Selection& out) {
+  // Both calls' checks first, so that a bad call writes nothing.
+  check_call(plan, ws, batch, __func__);
+  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
+                " differs from the plan's ", plan.capacity);
+  aggregate_gqa(plan, ws, batch, head_scores, group_scores);
+  select_pages(plan, ws, batch, group_scores, out);
+}
+
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out) {

@@ -8,6 +8,7 @@
 // critical path, the extra partial reads are not); with more, lse_kernel runs once per head
 // first (v7: every block re-reducing all 512 chunks at 1M cost more L2 traffic than the
 // launch).
+#include "aggregate_common.cuh"
 #include "common.cuh"
 #include "kernels.cuh"
 
@@ -26,23 +27,13 @@ constexpr int kManyBlocks = 8192;  // one-page-a-thread blocks above which 4 pag
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(const float* __restrict__ chunk_lse, int n_chunks, int n_used,
                float* __restrict__ head_lse) {
-  __shared__ float sm[kThreads / 32], sl[kThreads / 32];
+  static_assert(kThreads == 128, "one head a block: head_lse_partial's group of four warps");
+  __shared__ float sm[4], sl[4];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* cl = chunk_lse + (int64_t(b) * Hq + hq) * n_chunks * 2;
-  float m = kNegInf, l = 0.0f;
-  for (int c = threadIdx.x; c < n_used; c += kThreads) lse_merge(m, l, cl[2 * c], cl[2 * c + 1]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-    lse_merge(m, l, m2, l2);
-  }
-  if (lane == 0) sm[warp] = m, sl[warp] = l;
+  head_lse_partial(cl, n_used, threadIdx.x, sm, sl);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) lse_merge(m, l, sm[w], sl[w]);
-    head_lse[int64_t(b) * Hq + hq] = (m == kNegInf) ? kNegInf : m + logf(l);
-  }
+  if (threadIdx.x == 0) head_lse[int64_t(b) * Hq + hq] = head_lse_final(sm, sl);
 }
 
 constexpr int kFusedMaxChunks = 64;  // up to two chunk partials a lane (v15; was 32)
@@ -105,23 +96,7 @@ __global__ void __launch_bounds__(kThreads)
     // 4-page path measured 2-3 us slower here at GLM 1M batch 1); the same bits.
     const int j = tile * kThreads + threadIdx.x;
     if (j >= M) return;
-    const float* s = hs + (int64_t(b) * Hq + h * G) * M + j;
-    float m = kNegInf;
-    for (int g = 0; g < G; ++g) {
-      const float x = s[int64_t(g) * M];
-      if (lse[g] == kNegInf || x == kNegInf) continue;
-      m = fmaxf(m, x - lse[g]);
-    }
-    float out = kNegInf;
-    if (m != kNegInf) {
-      float sum = 0.0f;
-      for (int g = 0; g < G; ++g) {
-        const float x = s[int64_t(g) * M];
-        if (lse[g] == kNegInf || x == kNegInf) continue;
-        sum += expf(x - lse[g] - m);
-      }
-      out = m + logf(sum) - logf(float(G));
-    }
+    const float out = group_score(hs + (int64_t(b) * Hq + h * G) * M + j, M, lse, G);
     gs[(int64_t(b) * Hkv + h) * M + j] = out;
     return;
   }

@@ -87,6 +87,14 @@ DecodePlan plan_decode(const DecodeParams& params) {
   LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   detail::prepare_score_kernels();
   detail::prepare_attention_kernels();
+  detail::prepare_select_kernels();
+  // Aggregation + selection in one cluster launch on small grids (the adaptive budget keeps
+  // the two-stage path: its mass search reads whole rows of group scores).
+  LOCKS_REQUIRE(p.select.tau == 0.0f || p.select_cluster <= 0,
+                "select_cluster > 0 needs the fixed budget (tau = 0), got tau ", p.select.tau);
+  plan.select_cluster =
+      p.select.tau > 0.0f ? 0
+                          : detail::select_cluster_size(M, int64_t(B) * Hkv, sms, p.select_cluster);
   // Pages per scoring block: the tensor-core path's (smaller when the grid would not fill
   // the GPU, or forced), else the CUDA-core kernel's fixed chunk. Aggregation reads the
   // partials of this chunk size.
@@ -165,6 +173,27 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                         plan.select_chunk_pages, st);
 }
 
+void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
+                      const float* head_scores, float* group_scores, const Selection& out,
+                      cudaStream_t st) {
+  // Every check before the first launch, so that a bad call writes nothing.
+  check_call(plan, ws, batch, __func__);
+  LOCKS_REQUIRE(head_scores != nullptr && group_scores != nullptr, "null score array");
+  LOCKS_REQUIRE(out.pages != nullptr && out.counts != nullptr, "selection arrays are null");
+  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
+                " differs from the plan's ", plan.capacity);
+  if (plan.select_cluster == 0) {
+    aggregate_gqa(plan, ws, batch, head_scores, group_scores, st);
+    select_pages(plan, ws, batch, group_scores, out, st);
+    return;
+  }
+  detail::launch_aggregate_select(
+      head_scores, region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks, plan.score_chunk_pages,
+      batch, plan.params.num_q_heads, plan.params.cache.num_kv_heads, plan.params.select,
+      plan.params.cache.page_size, plan.select_cluster, region_ptr<float>(ws, plan.head_lse),
+      group_scores, out, st);
+}
+
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out, cudaStream_t st) {
@@ -200,8 +229,7 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   float* hs = region_ptr<float>(ws, plan.head_scores);
   float* gs = region_ptr<float>(ws, plan.group_scores);
   score_pages(plan, ws, summaries, batch, q, hs, st);
-  aggregate_gqa(plan, ws, batch, hs, gs, st);
-  select_pages(plan, ws, batch, gs, sel, st);
+  aggregate_select(plan, ws, batch, hs, gs, sel, st);
   attend(plan, ws, cache, batch, q, &sel, out, st);
 }
 

@@ -29,6 +29,7 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   p.scale = plan.cfg.scale;
   p.score_chunk_pages = plan.score_chunk_pages;
   p.select_chunk_pages = plan.select_chunk_pages;
+  p.select_cluster = plan.select_cluster;
   dplan_ = plan_decode(p);
   ws_.bytes = dplan_.workspace_bytes;
   LOCKS_CUDA_CHECK(cudaMalloc(&ws_.data, std::max<size_t>(ws_.bytes, 256)));
@@ -58,6 +59,13 @@ void Decoder::aggregate(const BatchView& batch, cudaStream_t st) {
 void Decoder::select(const BatchView& batch, cudaStream_t st) {
   select_pages(dplan_, ws_, batch, group_scores(), selection(), st);
 }
+
+void Decoder::aggregate_select(const BatchView& batch, cudaStream_t st) {
+  cuda::aggregate_select(dplan_, ws_, batch, head_scores(), region<float>(ws_, dplan_.group_scores),
+                         selection(), st);
+}
+
+int Decoder::select_cluster() const { return dplan_.select_cluster; }
 
 void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                      const Selection* sel, const AttentionOutput& out, cudaStream_t st) {

@@ -47,6 +47,20 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
                       int chunk_pages, const BatchView& batch, int num_q_heads, int num_kv_heads,
                       float* head_lse, float* group_scores, cudaStream_t st);
 
+// Aggregation + selection in one launch (select_cluster.cu): blocks of a thread-block cluster
+// per (KV head, sequence), 1 to kMaxSelectCluster of them, each over <= kSelectChunk pages.
+constexpr int kMaxSelectCluster = 16;
+// The plan's cluster size for max_pages a sequence over rows = batch x KV heads: forced > 0
+// (checked: a power of two that holds the row and fits the device), forced < 0 never, 0 the
+// rule (clusters for grids of up to about one wave; 0 = the two-stage path).
+int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced);
+void prepare_select_kernels();  // sets the non-portable cluster size attribute once
+void launch_aggregate_select(const float* head_scores, const float* chunk_lse, int n_chunks,
+                             int chunk_pages, const BatchView& batch, int num_q_heads,
+                             int num_kv_heads, const SelectConfig& cfg, int page_size, int cluster,
+                             float* head_lse, float* group_scores, const Selection& out,
+                             cudaStream_t st);
+
 void launch_select(const float* group_scores, const BatchView& batch, int num_kv_heads,
                    const SelectConfig& cfg, int page_size, const Selection& out, uint32_t* cand_key,
                    int32_t* cand_idx, int32_t* cand_cnt, int n_chunks, int chunk_pages,

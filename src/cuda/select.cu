@@ -13,140 +13,12 @@
 // the top candidates to keep (rules::adaptive_pages: a binary search over m, each probe a
 // radix select of the m-th key and a block sum of the masses above it), then selects that
 // many. Stage 1 is unchanged: its per-chunk top-`slots` lists hold every global top-m.
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
-#include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
-#include "locks/rules.h"
+#include "select_common.cuh"
 
 namespace locks::cuda::detail {
 namespace {
-
-constexpr int kThreads = 512;
-using Scan = cub::BlockScan<uint32_t, kThreads>;
-using Reduce = cub::BlockReduce<float, kThreads>;
-
-struct Rules {  // the budget rules for one sequence
-  int full, n_pages, has_tail, sink_end, recent_start, slots;
-  bool all;
-};
-
-// An untrusted length outside [1, M P] (the block-table row) counts as 0: no page, count 0
-// (the attention then writes the row as NaN; docs/bad_input.md).
-__device__ Rules rules_for(int raw_len, int P, int M, const SelectConfig& cfg) {
-  const int len = raw_len >= 1 && raw_len <= M * P ? raw_len : 0;
-  Rules r;
-  r.full = rules::full_pages(len, P);
-  r.n_pages = rules::num_pages(len, P);
-  r.has_tail = r.full < r.n_pages;
-  r.all = rules::selects_all(cfg.budget_tokens, len);
-  r.sink_end = min(cfg.sink_pages, r.full);
-  r.recent_start = max(max(r.full - cfg.recent_pages, 0), r.sink_end);
-  const int k = int(rules::budget_pages(cfg.budget_tokens, P));
-  r.slots = k - r.has_tail - r.sink_end - (r.full - r.recent_start);
-  return r;
-}
-
-struct SelectSmem {
-  Scan::TempStorage scan;
-  Reduce::TempStorage reduce;
-  float bcast;
-  uint32_t hist[256];
-  uint32_t digit;
-  int remaining;
-  uint32_t carry_gt, carry_eq;
-};
-
-// Block-wide: the m-th largest key among valid elements (1 <= m < valid count) and the
-// number of elements equal to it that belong to the top m.
-template <typename KeyFn>
-__device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
-                                int& need_eq) {
-  uint32_t prefix = 0, mask = 0;
-  int remaining = m;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
-    __syncthreads();
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      bool valid;
-      const uint32_t k = key_of(e, valid);
-      // Scores crowd into few bins: aggregate equal bins across the warp (one atomic each).
-      const uint32_t bin = (valid && (k & mask) == prefix) ? (k >> shift) & 255u : 256u;
-      const unsigned peers = __match_any_sync(__activemask(), bin);
-      if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
-        atomicAdd(&sm.hist[bin], unsigned(__popc(peers)));
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {          // warp 0: find the digit where the count from the top reaches
-      const int lane = threadIdx.x;  // `remaining`; lane l owns digits 255-8l .. 248-8l
-      uint32_t c[8], tot = 0;
-#pragma unroll
-      for (int x = 0; x < 8; ++x) {
-        c[x] = sm.hist[255 - 8 * lane - x];
-        tot += c[x];
-      }
-      uint32_t incl = tot;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const uint32_t excl = incl - tot;
-      const bool here = excl < uint32_t(remaining) && incl >= uint32_t(remaining);
-      if (here) {
-        uint32_t acc = excl;
-#pragma unroll
-        for (int x = 0; x < 8; ++x) {
-          if (acc + c[x] >= uint32_t(remaining)) {
-            sm.digit = uint32_t(255 - 8 * lane - x);
-            sm.remaining = remaining - int(acc);
-            break;
-          }
-          acc += c[x];
-        }
-      }
-    }
-    __syncthreads();
-    prefix |= sm.digit << shift;
-    mask |= 255u << shift;
-    remaining = sm.remaining;
-    __syncthreads();
-  }
-  T = prefix;
-  need_eq = remaining;
-}
-
-// Block-wide stable compaction: emit(e, pos) for the top-m elements in index order.
-// take_all: every valid element.
-template <typename KeyFn, typename EmitFn>
-__device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_eq, SelectSmem& sm,
-                       EmitFn emit) {
-  uint32_t gt_base = 0, eq_base = 0;
-  for (int base = 0; base < n; base += kThreads) {
-    const int e = base + threadIdx.x;
-    bool valid = false;
-    uint32_t k = 0;
-    if (e < n) k = key_of(e, valid);
-    const uint32_t gt = valid && (take_all || k > T);
-    const uint32_t eq = valid && !take_all && k == T;
-    uint32_t pre, agg;
-    Scan(sm.scan).ExclusiveSum(gt | (eq << 16), pre, agg);
-    const uint32_t gt_before = gt_base + (pre & 0xffffu), eq_before = eq_base + (pre >> 16);
-    if (gt || (eq && eq_before < uint32_t(need_eq)))
-      emit(e, int(gt_before + min(eq_before, uint32_t(need_eq))));
-    gt_base += agg & 0xffffu;
-    eq_base += agg >> 16;
-    __syncthreads();  // TempStorage reuse
-  }
-  return int(gt_base + (take_all ? 0u : min(eq_base, uint32_t(need_eq))));
-}
-
-// float_key's inverse: the score a key was made from.
-__device__ __forceinline__ float key_float(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
 
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return a < b ? b : a; }  // as std::max
@@ -203,29 +75,6 @@ __device__ int adaptive_slots(KeyFn key_of, int n, int hi, const float* s, const
     return double(fixed) + double(block_sum(part, sm)) +
            double(need_eq) * double(expf(key_float(T) - mx));
   });
-}
-
-// The budget covers the sequence: every page, in order, -1 padded.
-__device__ __forceinline__ void write_all_pages(const Rules& r, int cap, int32_t* out,
-                                                int32_t* count) {
-  for (int i = threadIdx.x; i < cap; i += kThreads) out[i] = i < r.n_pages ? i : -1;
-  if (threadIdx.x == 0) *count = r.n_pages;
-}
-
-// The final list of one (sequence, KV head) around its n_mid selected pages (already at
-// out[sink_end ..]): sinks, recent pages, the tail page, -1 padding, and the count.
-__device__ __forceinline__ void write_list(const Rules& r, int n_mid, int cap, int32_t* out,
-                                           int32_t* count_out) {
-  const int n_recent = r.full - r.recent_start;
-  for (int i = threadIdx.x; i < r.sink_end; i += kThreads) out[i] = i;
-  for (int i = threadIdx.x; i < n_recent; i += kThreads)
-    out[r.sink_end + n_mid + i] = r.recent_start + i;
-  const int count = r.sink_end + n_mid + n_recent + r.has_tail;
-  if (threadIdx.x == 0) {
-    if (r.has_tail) out[count - 1] = r.full;
-    *count_out = count;
-  }
-  for (int i = count + threadIdx.x; i < cap; i += kThreads) out[i] = -1;
 }
 
 __global__ void __launch_bounds__(kThreads)

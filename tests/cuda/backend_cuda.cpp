@@ -67,6 +67,10 @@ class CudaBackend final : public OpsBackend {
                     const Selection& out) override {
     cuda::select_pages(p, ws, b, gs, out, nullptr);
   }
+  void aggregate_select(const DecodePlan& p, Workspace ws, const BatchView& b, const float* hs,
+                        float* gs, const Selection& out) override {
+    cuda::aggregate_select(p, ws, b, hs, gs, out, nullptr);
+  }
   void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
                         const QueryView& q, const Selection& sel,
                         const AttentionOutput& out) override {

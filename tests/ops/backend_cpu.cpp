@@ -76,6 +76,10 @@ class CpuBackend final : public OpsBackend {
                     const Selection& out) override {
     cpu::select_pages(p, ws, b, gs, out);
   }
+  void aggregate_select(const DecodePlan& p, Workspace ws, const BatchView& b, const float* hs,
+                        float* gs, const Selection& out) override {
+    cpu::aggregate_select(p, ws, b, hs, gs, out);
+  }
   void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
                         const QueryView& q, const Selection& sel,
                         const AttentionOutput& out) override {

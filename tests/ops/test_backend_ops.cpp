@@ -393,6 +393,17 @@ TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
                              lh = lse.read<float>(size_t(B) * Hq);
     expect_attention_match(t_, &rs.sel, oh.data(), lh.data(), am);
 
+    // aggregate_select (CUDA: one launch where the plan chose it): the same group scores
+    // and lists as the two ops.
+    Dev gs3(be_.get(), size_t(B) * H * M * 4), pages3(be_.get(), size_t(B) * H * cap * 4),
+        counts3(be_.get(), size_t(B) * H * 4);
+    be_->aggregate_select(plan, w, batch_, hs.as<float>(), gs3.as<float>(),
+                          Selection{pages3.as<int32_t>(), counts3.as<int32_t>(), cap});
+    be_->finish();
+    EXPECT_EQ(gs3.read<float>(size_t(B) * H * M), gsh) << "aggregate_select's group scores";
+    EXPECT_EQ(counts3.read<int32_t>(size_t(B) * H), ch);
+    EXPECT_EQ(pages3.read<int32_t>(size_t(B) * H * cap), ph) << "aggregate_select's lists";
+
     // The whole step gives the same selection and the same bits as the ops in sequence.
     Dev out2(be_.get(), size_t(B) * Hq * d * 4), lse2(be_.get(), size_t(B) * Hq * 4);
     Dev pages2(be_.get(), size_t(B) * H * cap * 4), counts2(be_.get(), size_t(B) * H * 4);

@@ -39,6 +39,9 @@ struct Plan {
   // Pages per first-stage selection block: 0 = chosen from the plan (2048 up to 16K pages a
   // sequence, 4096 above); 2048 or 4096 to force one.
   int select_chunk_pages = 0;
+  // Aggregation + selection in one cluster launch: 0 = the plan's rule, -1 = never, 1-16
+  // (a power of two) to force that many blocks per (sequence, KV head).
+  int select_cluster = 0;
   // The summaries the decoder will score (geometry from cache).
   int rank = 8;
   Precision precision = Precision::quant;
@@ -67,6 +70,9 @@ class Decoder {
              cudaStream_t stream);                              // -> head_scores()
   void aggregate(const BatchView& batch, cudaStream_t stream);  // -> group_scores()
   void select(const BatchView& batch, cudaStream_t stream);     // -> selection()
+  // aggregate + select as the step runs them (one launch where the plan chose it).
+  void aggregate_select(const BatchView& batch, cudaStream_t stream);
+  int select_cluster() const;  // the plan's choice (0: separate launches)
   void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
               const Selection* sel, const AttentionOutput& out, cudaStream_t stream);
 

@@ -1,0 +1,288 @@
+// GQA aggregation and top-k page selection in one launch, for grids that leave most of the
+// GPU idle (batch 1-8 at 32K-1M tokens), where the two-stage path's four launches (LSE,
+// aggregation, selection stages 1 and 2) and their dependent round trips, not bytes, set the
+// time (v17, docs/cuda_notes.md).
+//
+// One thread-block cluster of `cs` blocks (1-16) per (KV head, sequence); block c owns pages
+// [c * span, (c + 1) * span) of the row (span <= kSelectChunk, keys in shared memory). Each
+// block: the LSEs of its share of the G heads from the scoring partials (lse_kernel's
+// order: the same bits), exchanged through distributed shared memory, the group scores of its pages
+// (aggregate_kernel's arithmetic: the same bits, also written to group_scores), then a radix select
+// over the whole row with one 256-bin histogram per block per digit pass, summed across the cluster
+// through distributed shared memory, and a stable compaction whose offsets are the counts of the
+// lower-ranked blocks. Same rules and ties as select.cu (lowest index among equal keys), so the
+// same list.
+#include <cooperative_groups.h>
+
+#include "aggregate_common.cuh"
+#include "kernels.cuh"
+#include "locks/error.h"
+#include "select_common.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace locks::cuda::detail {
+namespace {
+
+constexpr int kHeadGroups = kThreads / 128;
+constexpr int kAutoSelectCluster =
+    8;  // the largest cluster the plan's rule picks  // heads whose LSE a block reduces at once
+
+struct ClusterSmem {
+  uint32_t keys[kSelectChunk];
+  uint32_t hist[2][256];     // this block's digit counts, double-buffered across passes
+  uint32_t packed_count;     // this block's (> T) | (== T) << 16 candidates
+  float own_lse[kMaxGroup];  // the heads this block reduced (others read them)
+  float lse[kMaxGroup];      // every head's, gathered
+  float part_m[kHeadGroups][4], part_l[kHeadGroups][4];
+};
+
+struct ClusterArgs {
+  const float* hs;         // head scores [B, Hq, M]
+  const float* chunk_lse;  // [B, Hq, n_chunks, 2]
+  int n_chunks, n_used, Hq, M, P, span, cap;
+  SelectConfig cfg;
+  const int32_t* seq_lens;
+  float* head_lse;  // [B, Hq]
+  float* gs;        // [B, Hkv, M]
+  int32_t* pages;   // [B, Hkv, cap]
+  int32_t* counts;  // [B, Hkv]
+};
+
+template <int kG>  // GQA group <= kG (8, 16 or 32): registers for a page's head scores
+__global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterArgs a) {
+  __shared__ SelectSmem sm;
+  __shared__ ClusterSmem cs;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
+  const int h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y, G = a.Hq / Hkv;
+  const int64_t row = int64_t(b) * Hkv + h;
+
+  // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
+  // order), then every block gathers all G from their owners' shared memory.
+  for (int g0 = rank * kHeadGroups; g0 < G; g0 += n_ranks * kHeadGroups) {
+    const int g = g0 + int(threadIdx.x) / 128, t = int(threadIdx.x) % 128, slot = g - g0;
+    const int64_t hrow = int64_t(b) * a.Hq + h * G + g;
+    if (g < G)
+      head_lse_partial(a.chunk_lse + hrow * a.n_chunks * 2, a.n_used, t, cs.part_m[slot],
+                       cs.part_l[slot]);
+    __syncthreads();
+    if (g < G && t == 0) {
+      const float v = head_lse_final(cs.part_m[slot], cs.part_l[slot]);
+      cs.own_lse[g] = v;
+      a.head_lse[hrow] = v;
+    }
+    __syncthreads();
+  }
+  cluster.sync();
+  if (int(threadIdx.x) < G) {
+    const int g = int(threadIdx.x), owner = (g / kHeadGroups) % n_ranks;
+    cs.lse[g] = *cluster.map_shared_rank(&cs.own_lse[g], owner);
+  }
+  cluster.barrier_arrive();  // this block's remote reads are done (waited for below)
+  __syncthreads();
+
+  // 2. Group scores of this block's pages, written out and kept as keys for the candidates.
+  const Rules r = rules_for(a.seq_lens[b], a.P, a.M, a.cfg);
+  const int j0 = rank * a.span, j1 = min(a.M, j0 + a.span);
+  const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
+  float* grow = a.gs + row * a.M;
+  // Two pages a thread at a time: both pages' loads are in flight together.
+  for (int j = j0 + int(threadIdx.x); j < j1; j += 2 * kThreads) {
+    const int j2 = j + kThreads;
+    const float s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
+    const float s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
+    grow[j] = s0;
+    cs.keys[j - j0] = float_key(s0);
+    if (j2 < j1) {
+      grow[j2] = s1;
+      cs.keys[j2 - j0] = float_key(s1);
+    }
+  }
+  // Every block has gathered the LSEs: no block reads another's own_lse after this, so any
+  // may exit.
+  cluster.barrier_wait();
+  int32_t* out = a.pages + row * a.cap;
+  // Cluster-uniform from here on (r depends only on the sequence): every block takes the
+  // same branches and meets the same cluster barriers.
+  if (r.all) {
+    if (rank == 0) write_all_pages(r, a.cap, out, a.counts + row);
+    return;
+  }
+  const int n_cand = r.recent_start - r.sink_end;  // candidates: pages [sink_end, recent_start)
+  const int slots = max(r.slots, 0);
+  if (slots == 0 || n_cand <= 0) {
+    if (rank == 0) write_list(r, 0, a.cap, out, a.counts + row);
+    return;
+  }
+  const int lo = max(j0, r.sink_end), hi = min(j1, r.recent_start);
+  const int n = max(hi - lo, 0);  // this block's candidates: keys[lo - j0, hi - j0)
+  const uint32_t* keys = cs.keys + (lo - j0);
+  __syncthreads();
+  auto key_of = [&](int e, bool& valid) {
+    valid = true;
+    return keys[e];
+  };
+
+  // 3. Radix select over the row: the slots-th largest key T and how many keys == T to take.
+  const bool take_all = n_cand <= slots;
+  uint32_t T = 0;
+  int need_eq = 0;
+  if (!take_all) {
+    uint32_t prefix = 0, mask = 0;
+    int remaining = slots;
+    for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+      uint32_t* mine = cs.hist[pass & 1];  // read by the others in this pass only: the
+      for (int i = threadIdx.x; i < 256; i += kThreads) mine[i] = 0;  // next pass's barrier
+      __syncthreads();                                                // orders its reuse
+      for (int e = threadIdx.x; e < n; e += kThreads) {
+        const uint32_t k = keys[e];
+        const uint32_t bin = (k & mask) == prefix ? (k >> shift) & 255u : 256u;
+        const unsigned peers = __match_any_sync(__activemask(), bin);
+        if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
+          atomicAdd(&mine[bin], unsigned(__popc(peers)));
+      }
+      cluster.sync();  // every block's counts of this pass are complete
+      for (int i = threadIdx.x; i < 256; i += kThreads) {
+        uint32_t tot = 0;
+        for (int q = 0; q < n_ranks; ++q) tot += cluster.map_shared_rank(mine, q)[i];
+        sm.hist[i] = tot;
+      }
+      __syncthreads();
+      find_digit(sm.hist, remaining, sm);
+      __syncthreads();
+      prefix |= sm.digit << shift;
+      mask |= 255u << shift;
+      remaining = sm.remaining;
+      __syncthreads();
+    }
+    T = prefix;
+    need_eq = remaining;
+  }
+
+  // 4. Offsets: the candidates > T and == T of the lower-ranked blocks.
+  uint32_t own = 0;
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    const uint32_t k = keys[e];
+    own += (take_all || k > T) ? 1u : (k == T ? 1u << 16 : 0u);
+  }
+  uint32_t pre, agg;
+  Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
+  if (threadIdx.x == 0) cs.packed_count = agg;
+  cluster.sync();
+  uint32_t gt0 = 0, eq0 = 0;
+  for (int q = 0; q < rank; ++q) {
+    const uint32_t c = *cluster.map_shared_rank(&cs.packed_count, q);
+    gt0 += c & 0xffffu;
+    eq0 += c >> 16;
+  }
+  // No block may exit (its shared memory going away) while another still reads it: arrive
+  // now, wait after the compaction.
+  cluster.barrier_arrive();
+  __syncthreads();  // Scan storage reuse
+  compact(
+      key_of, n, take_all, T, need_eq, sm, [&](int e, int pos) { out[r.sink_end + pos] = lo + e; },
+      gt0, eq0);
+  if (rank == 0) write_list(r, take_all ? n_cand : slots, a.cap, out, a.counts + row);
+  cluster.barrier_wait();
+}
+
+// Whether clusters of cs blocks of the kernel can be co-resident on this device (the
+// non-portable sizes above 8 depend on the GPC layout).
+bool cluster_fits(int cs) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(unsigned(cs));
+  lc.blockDim = dim3(kThreads);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cs);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  int n = 0;
+  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup>, &lc) ==
+             cudaSuccess &&
+         n > 0;
+}
+
+}  // namespace
+
+int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
+  const int64_t need = (max_pages + kSelectChunk - 1) / kSelectChunk;  // fewest blocks a row
+  if (forced < 0) return 0;
+  if (forced > 0) {
+    LOCKS_REQUIRE(forced <= kMaxSelectCluster && (forced & (forced - 1)) == 0,
+                  "select_cluster must be -1, 0 or a power of two up to ", kMaxSelectCluster,
+                  ", got ", forced);
+    LOCKS_REQUIRE(forced >= need, "select_cluster ", forced, " blocks of at most ", kSelectChunk,
+                  " pages cannot hold ", max_pages, " pages a sequence");
+    LOCKS_REQUIRE(cluster_fits(forced), "a cluster of ", forced,
+                  " selection blocks cannot be resident on this device");
+    return forced;
+  }
+  // Up to 8 blocks a row (32K pages, 512K tokens). At 1M tokens (16 blocks) the one launch
+  // measured no faster for G 4 and slower for G 16 (GLM 1M batch 1: step 119 -> 127 us, v17
+  // in docs/cuda_notes.md), so the rule keeps the two stages there; 16 can still be forced.
+  if (need > kAutoSelectCluster) return 0;
+  int cs = 1;
+  while (cs < need) cs *= 2;
+  if (!cluster_fits(cs)) return 0;
+  // Large grids are parallel enough for the two-stage path (its first stage already has
+  // many blocks); the one-launch kernel is for grids of up to about a wave.
+  if (rows * cs > 2 * int64_t(sms)) return 0;
+  // More blocks per row while the grid stays within a wave and each keeps >= 512 pages.
+  while (cs < 8 && rows * cs * 2 <= sms && max_pages / (cs * 2) >= 512 && cluster_fits(cs * 2))
+    cs *= 2;
+  return cs;
+}
+
+void prepare_select_kernels() {
+  for (auto* k : {aggregate_select_cluster<8>, aggregate_select_cluster<16>,
+                  aggregate_select_cluster<kMaxGroup>})
+    LOCKS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
+void launch_aggregate_select(const float* head_scores, const float* chunk_lse, int n_chunks,
+                             int chunk_pages, const BatchView& batch, int Hq, int Hkv,
+                             const SelectConfig& cfg, int P, int cluster, float* head_lse,
+                             float* group_scores, const Selection& out, cudaStream_t st) {
+  const int M = batch.max_blocks_per_seq;
+  LOCKS_REQUIRE(
+      cluster >= 1 && cluster <= kMaxSelectCluster && int64_t(cluster) * kSelectChunk >= M,
+      "selection cluster of ", cluster, " blocks for ", M, " pages");
+  ClusterArgs a{head_scores,
+                chunk_lse,
+                n_chunks,
+                ceil_div(M, chunk_pages),
+                Hq,
+                M,
+                P,
+                ceil_div(M, cluster),
+                out.capacity,
+                cfg,
+                batch.seq_lens,
+                head_lse,
+                group_scores,
+                out.pages,
+                out.counts};
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(unsigned(cluster), unsigned(Hkv), unsigned(batch.batch_size));
+  lc.blockDim = dim3(kThreads);
+  lc.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  const int G = Hq / Hkv;
+  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc,
+                                      G <= 8    ? aggregate_select_cluster<8>
+                                      : G <= 16 ? aggregate_select_cluster<16>
+                                                : aggregate_select_cluster<kMaxGroup>,
+                                      a));
+}
+
+}  // namespace locks::cuda::detail

@@ -1,0 +1,201 @@
+// The one-launch aggregation + selection (select_cluster.cu) against the separate
+// aggregation and two-stage selection on the same head scores and scoring partials: the
+// same group scores bit for bit, the same page lists and counts, for every cluster size
+// that can hold the sequences, on exact ties (four score levels), continuous scores,
+// budgets below / at / above the candidates, budgets that leave no slot, sequences longer
+// than one selection chunk, the 16 x 4096-page maximum and untrusted lengths.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+
+#include "gpu_helpers.h"
+#include "locks/cuda/decoder.h"
+#include "locks/error.h"
+#include "locks/select.h"
+
+namespace locks::cuda_test {
+namespace {
+
+struct ClusterCase {
+  int Hkv, G;
+  std::vector<int64_t> lens;  // -1: an untrusted length past the block-table row (M P + 3)
+  SelectConfig sel;
+  bool ties;  // four score levels (massive exact ties) or continuous scores
+};
+
+std::string name(const ClusterCase& c) {
+  return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_b" +
+         std::to_string(c.sel.budget_tokens) + (c.ties ? "_ties" : "_cont");
+}
+
+struct Outputs {
+  std::vector<float> gs;
+  std::vector<int32_t> pages, counts;
+};
+
+Outputs download(const cuda::Decoder& dec, int B, int Hkv, int M) {
+  Outputs o;
+  const Selection s = dec.selection();
+  o.gs.resize(size_t(B) * Hkv * M);
+  o.pages.resize(size_t(B) * Hkv * s.capacity);
+  o.counts.resize(size_t(B) * Hkv);
+  CK(cudaMemcpy(o.gs.data(), dec.group_scores(), o.gs.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(o.pages.data(), s.pages, o.pages.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(o.counts.data(), s.counts, o.counts.size() * 4, cudaMemcpyDeviceToHost));
+  return o;
+}
+
+class SelectClusterTest : public ::testing::TestWithParam<ClusterCase> {};
+
+TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
+  SKIP_WITHOUT_GPU();
+  const ClusterCase c = GetParam();
+  const int P = 16, d = 64, Hq = c.Hkv * c.G, B = int(c.lens.size());
+  int64_t M = 1;
+  for (int64_t l : c.lens) M = std::max<int64_t>(M, (l + P - 1) / P);
+  std::vector<int64_t> len64 = c.lens;
+  for (auto& l : len64)
+    if (l < 0) l = M * P + 3;
+  // Block table: sequence b's page j at physical block b * M + j. Zero summaries (scoring
+  // only provides the LSE partials; the head scores are then overwritten).
+  const CacheLayout L{int64_t(B) * M, P, c.Hkv, d, DType::bf16};
+  std::vector<int32_t> bt(size_t(B) * M), lens(static_cast<size_t>(B));
+  for (size_t i = 0; i < bt.size(); ++i) bt[i] = int32_t(i);
+  for (int b = 0; b < B; ++b) lens[size_t(b)] = int32_t(len64[size_t(b)]);
+  DevBuf<int32_t> dbt(bt), dlens(lens);
+  const BatchView db{dbt.p, M, dlens.p, B, int(M)};
+  BatchView hb = db;
+  hb.block_table = bt.data(), hb.seq_lens = lens.data();
+  GpuSummaries summ(summary_layout_for(L, 8, Precision::quant));
+  auto zero = [](auto& buf) {
+    if (buf.n) CK(cudaMemset(buf.p, 0, buf.n * sizeof(*buf.p)));
+  };
+  zero(summ.mu_q), zero(summ.mu_scale), zero(summ.basis_q), zero(summ.basis_scale);
+  zero(summ.coeff_q), zero(summ.coeff_scale);
+  DevBuf<float> dq(random_queries(B, Hq, d, 1.0f, 3));
+
+  // Head scores: -inf past each sequence's full pages, like scoring; equal across a group's
+  // heads at the tie levels (so group scores tie exactly), independent otherwise.
+  std::mt19937 rng(uint32_t(c.lens[0] + c.G));
+  std::uniform_real_distribution<float> U(-12.0f, 2.0f);
+  std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < c.Hkv; ++h)
+      for (int64_t j = 0; j < std::min(M, len64[size_t(b)] / P); ++j) {
+        const float tie = float(int(rng() % 4)) * 0.25f - 9.0f;
+        for (int g = 0; g < c.G; ++g)
+          hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.ties ? tie : U(rng);
+      }
+
+  auto run = [&](int cluster, bool fused) {
+    cuda::Plan plan{L, Hq, B, int(M), DecodeConfig{c.sel, 0.0f}};
+    plan.select_cluster = cluster;
+    auto dec = std::make_unique<cuda::Decoder>(plan);
+    dec->score(summ.view(), db, QueryView{dq.p, Hq}, nullptr);  // the LSE partials
+    CK(cudaMemcpy(const_cast<float*>(dec->head_scores()), hs.data(), hs.size() * 4,
+                  cudaMemcpyHostToDevice));
+    const Selection s = dec->selection();
+    CK(cudaMemset(s.pages, 0x7f, size_t(B) * c.Hkv * s.capacity * 4));
+    CK(cudaMemset(const_cast<float*>(dec->group_scores()), 0x7f, hs.size() / c.G * 4));
+    if (fused)
+      dec->aggregate_select(db, nullptr);
+    else
+      dec->aggregate(db, nullptr), dec->select(db, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(dec->select_cluster(), fused ? cluster : 0);
+    return download(*dec, B, c.Hkv, int(M));
+  };
+  const Outputs ref = run(-1, false);
+  // The separate path agrees with the CPU selection on its own group scores, sequence by
+  // sequence (the CPU refuses untrusted lengths; the GPU gives those rows no page).
+  const int cap = int(ref.pages.size() / ref.counts.size());
+  for (int b = 0; b < B; ++b) {
+    const size_t row = size_t(b) * c.Hkv;
+    if (len64[size_t(b)] < 1 || len64[size_t(b)] > M * P) {
+      for (int h = 0; h < c.Hkv; ++h) {
+        EXPECT_EQ(ref.counts[row + h], 0) << "untrusted length, sequence " << b;
+        for (int i = 0; i < cap; ++i) EXPECT_EQ(ref.pages[(row + h) * cap + i], -1);
+      }
+      continue;
+    }
+    BatchView one = hb;
+    one.block_table = bt.data() + size_t(b) * M, one.seq_lens = lens.data() + b;
+    one.batch_size = 1;
+    std::vector<int32_t> cp(size_t(c.Hkv) * cap), cc(size_t(c.Hkv));
+    cpu::select_pages(ref.gs.data() + row * M, one, c.Hkv, P, c.sel,
+                      Selection{cp.data(), cc.data(), cap});
+    ASSERT_EQ(std::vector<int32_t>(ref.counts.begin() + row, ref.counts.begin() + row + c.Hkv), cc)
+        << "sequence " << b;
+    ASSERT_EQ(std::vector<int32_t>(ref.pages.begin() + row * cap,
+                                   ref.pages.begin() + (row + c.Hkv) * cap),
+              cp)
+        << "sequence " << b;
+  }
+  int tried = 0;
+  for (int cs = 1; cs <= 16; cs *= 2) {
+    if (int64_t(cs) * 4096 < M) continue;
+    SCOPED_TRACE("cluster " + std::to_string(cs));
+    const Outputs got = run(cs, true);
+    ASSERT_EQ(0, std::memcmp(got.gs.data(), ref.gs.data(), got.gs.size() * 4))
+        << "group scores differ";
+    EXPECT_EQ(got.counts, ref.counts);
+    EXPECT_EQ(got.pages, ref.pages);
+    ++tried;
+  }
+  EXPECT_GT(tried, 0);
+}
+
+const std::vector<int64_t> kShort = {16 * 1200 + 9, 16 * 300, 1, 15,
+                                     16 * 50 + 7,   0,        -1};  // 0, -1: untrusted
+const std::vector<int64_t> kLong = {16 * 9000 + 5, 16 * 4097, 16 * 4096, 300};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SelectClusterTest,
+    ::testing::Values(ClusterCase{2, 4, kLong, {1024, 2, 3}, true},
+                      ClusterCase{2, 4, kLong, {1024, 2, 3}, false},
+                      ClusterCase{1, 16, kShort, {512, 1, 2}, true},
+                      ClusterCase{1, 16, kShort, {512, 1, 2}, false},
+                      ClusterCase{4, 1, kShort, {2048, 0, 0}, false},
+                      ClusterCase{1, 32, kShort, {16 * 140, 1, 1}, true},
+                      ClusterCase{3, 7, kShort, {48, 1, 1}, false},         // no slot left
+                      ClusterCase{2, 3, kShort, {16 * 4000, 1, 2}, false},  // all pages
+                      ClusterCase{1, 8, {16 * 65536, 16 * 3000 + 1}, {2048, 1, 2}, true},
+                      ClusterCase{1, 8, {16 * 65536 - 5}, {2048, 1, 2}, false}),
+    [](const ::testing::TestParamInfo<ClusterCase>& i) {
+      return name(i.param) + "_" + std::to_string(i.index);
+    });
+
+// The plan's rule and its checks: clusters only where they hold the sequences and fit, never
+// with the adaptive budget; forced sizes that cannot work are refused with a clear error.
+TEST(SelectClusterPlan, RuleAndRefusals) {
+  SKIP_WITHOUT_GPU();
+  const CacheLayout L{1 << 20, 16, 8, 128, DType::bf16};
+  auto plan = [&](int B, int M, int forced, float tau) {
+    DecodeParams p;
+    p.cache = L;
+    p.summary = summary_layout_for(L, 8, Precision::quant);
+    p.num_q_heads = 32, p.max_batch = B, p.max_blocks_per_seq = M;
+    p.select = SelectConfig{2048, 1, 2};
+    p.select.tau = tau;
+    p.select_cluster = forced;
+    return cuda::plan_decode(p);
+  };
+  EXPECT_GT(plan(1, 8192, 0, 0.0f).select_cluster, 0);      // 128K batch 1
+  EXPECT_EQ(plan(1, 8192, -1, 0.0f).select_cluster, 0);     // never
+  EXPECT_EQ(plan(1, 8192, 0, 0.9f).select_cluster, 0);      // adaptive: two stages
+  EXPECT_EQ(plan(1, 65536, 0, 0.0f).select_cluster, 0);     // 1M tokens: two stages
+  EXPECT_EQ(plan(1, 65536, 16, 0.0f).select_cluster, 16);   // unless forced
+  EXPECT_THROW(plan(1, 65537, 16, 0.0f), InvalidArgument);  // over 16 x 4096 pages
+  EXPECT_EQ(plan(32, 8192, 0, 0.0f).select_cluster, 0);     // 256 rows: a large grid
+  EXPECT_EQ(plan(1, 8192, 4, 0.0f).select_cluster, 4);      // forced
+  EXPECT_THROW(plan(1, 8192, 1, 0.0f), InvalidArgument);    // 1 x 4096 < 8192 pages
+  EXPECT_THROW(plan(1, 8192, 3, 0.0f), InvalidArgument);    // not a power of two
+  EXPECT_THROW(plan(1, 8192, 32, 0.0f), InvalidArgument);   // over 16
+  EXPECT_THROW(plan(1, 8192, 4, 0.5f), InvalidArgument);    // forced with tau
+}
+
+}  // namespace
+}  // namespace locks::cuda_test
