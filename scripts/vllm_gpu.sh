@@ -20,7 +20,7 @@
 #          #14 item 6): runs locks_bench_cuda ($LOCKS_BENCH_BIN, default the carried
 #          .devcarry/gpu/bench/cuda/locks_bench_cuda) on its whole grid, then times FA3 exactly as
 #          vLLM 0.26's FLASH_ATTN decodes (free splits and the full-graph cap of 32) on every row in
-#          the same invocation (~6 min); peer-quick: the bench's --quick grid (10 rows, ~2 min).
+#          the same invocation (estimated 5-7 min); peer-quick: the bench's --quick grid (10 rows).
 #          LOCKS_PEER_ROWS="MODEL CONTEXT BATCH;...": only those rows (bench --only each);
 #          LOCKS_PEER_BENCH_CSV (+ LOCKS_PEER_BENCH_LOG): FA3 on the rows of an earlier bench run
 #          instead of running the bench; LOCKS_PEER_ARGS: more driver options (--block-table ...).
