@@ -3,6 +3,7 @@
 # unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
 # the repository root; every phase fits one device call (< 10 min):
 #   scripts/vllm_gpu.sh [build] [smoke] [correct] [latency-glm] [latency-llama] [latency-quick]
+#                       [peer] [peer-quick] [env]
 # build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
 #          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
 #          define the H200 build needs).
@@ -15,6 +16,17 @@
 # latency-glm:   GLM-4-9B-Chat-1M dummy weights at 128K, 256K, 1M, batch 1 (+ 128K batch 4).
 # latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
 #                needs 137 GB of KV: does not fit one H200).
+# peer:    LOCKS vs vLLM's FA3 paged decode on the kernel bench's rows (bench/peer_fa3.py, issue
+#          #14 item 6): runs locks_bench_cuda ($LOCKS_BENCH_BIN, default the carried
+#          .devcarry/gpu/bench/cuda/locks_bench_cuda) on its whole grid, then times FA3 exactly as
+#          vLLM 0.26's FLASH_ATTN decodes (free splits and the full-graph cap of 32) on every row in
+#          the same invocation (estimated 5-7 min); peer-quick: the bench's --quick grid (10 rows).
+#          LOCKS_PEER_ROWS="MODEL CONTEXT BATCH;...": only those rows (bench --only each);
+#          LOCKS_PEER_BENCH_CSV (+ LOCKS_PEER_BENCH_LOG): FA3 on the rows of an earlier bench run
+#          instead of running the bench; LOCKS_PEER_ARGS: more driver options (--block-table ...).
+#          Needs only vLLM unpacked (call 2), not the locks package. Table, CSV, JSON: $OUT/vllm/peer.
+# env:     nothing beyond device.txt (device, commit, vLLM/torch versions): call 2's cheapest phase
+#          when only the bundle needs unpacking (before `peer`).
 # Both latency phases use the benchmark-only mode that skips prefill attention arithmetic for
 # both backends alike (LOCKS_BENCH_SKIP_PREFILL_ATTENTION=1); decode is measured as is.
 # Logs and JSON under $OUT/vllm (default ./gpu-out/vllm).
@@ -61,6 +73,20 @@ for p in "${phases[@]}"; do
         --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;
     latency-quick) run latency-quick 400 python3 -m locks.vllm.check latency --out "$V" --timeout 180 \
         --rows "glm 131072 1" ;;
+    peer | peer-quick)
+      args=(--out "$V/peer" --budget-s 540)
+      [ "$p" = peer-quick ] && args+=(--quick)
+      [ -n "${LOCKS_PEER_ROWS:-}" ] && args+=(--rows "$LOCKS_PEER_ROWS")
+      if [ -n "${LOCKS_PEER_BENCH_CSV:-}" ]; then
+        args+=(--bench-csv "$LOCKS_PEER_BENCH_CSV" ${LOCKS_PEER_BENCH_LOG:+--bench-log "$LOCKS_PEER_BENCH_LOG"})
+      elif [ -n "${LOCKS_BENCH_BIN:-}" ]; then
+        args+=(--bench "$LOCKS_BENCH_BIN")
+      fi
+      echo "== $p"
+      # shellcheck disable=SC2086
+      timeout 560 python3 bench/peer_fa3.py "${args[@]}" ${LOCKS_PEER_ARGS:-} 2>&1 | tee "$V/$p.log" | tail -n 160
+      rc=${PIPESTATUS[0]}; echo "$p rc=$rc"; [ "$rc" -eq 0 ] || status=1 ;;
+    env) ;;
     *) echo "unknown phase $p"; status=2 ;;
   esac
 done

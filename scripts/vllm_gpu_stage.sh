@@ -13,6 +13,8 @@
 #   carry .devcarry/ga:                       scripts/vllm_gpu_calls.sh 3 [phases]  (default: latency-glm)
 #   carry .devcarry/gb:                       scripts/vllm_gpu_calls.sh 4 [phases]  (default: correct)
 #   no carry:                                 scripts/vllm_gpu_calls.sh 5 [phases]  (default: latency-llama)
+#   carry .devcarry/gpu/bench (the prebuilt locks_bench_cuda, ~10 MB), after call 2:
+#                                             scripts/vllm_gpu_calls.sh 5 peer  (LOCKS vs FA3, bench rows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.devcarry
