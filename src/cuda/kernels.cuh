@@ -55,6 +55,9 @@ constexpr int kMaxSelectCluster = 16;
 // rule (clusters for grids of up to about one wave; 0 = the two-stage path).
 int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced);
 void prepare_select_kernels();  // sets the non-portable cluster size attribute once
+// Whether a cluster of this size aggregates too (<= 8 blocks); 16 selects from the group
+// scores of a separate aggregation launch.
+constexpr bool select_cluster_fused(int cluster) { return cluster <= 8; }
 void launch_aggregate_select(const float* head_scores, const float* chunk_lse, int n_chunks,
                              int chunk_pages, const BatchView& batch, int num_q_heads,
                              int num_kv_heads, const SelectConfig& cfg, int page_size, int cluster,

@@ -1,7 +1,7 @@
-// GQA aggregation and top-k page selection in one launch, for grids that leave most of the
-// GPU idle (batch 1-8 at 32K-1M tokens), where the two-stage path's four launches (LSE,
-// aggregation, selection stages 1 and 2) and their dependent round trips, not bytes, set the
-// time (v17, docs/cuda_notes.md).
+// GQA aggregation and top-k page selection in one launch (selection alone from the group
+// scores with 16 blocks a row), for grids that leave most of the GPU idle (batch 1-8 at 32K-1M
+// tokens), where the two-stage path's four launches (LSE, aggregation, selection stages 1 and 2)
+// and their dependent round trips, not bytes, set the time (v17, docs/cuda_notes.md).
 //
 // One thread-block cluster of `cs` blocks (1-16) per (KV head, sequence); block c owns pages
 // [c * span, (c + 1) * span) of the row (span <= kSelectChunk, keys in shared memory). Each
@@ -24,9 +24,7 @@ namespace cg = cooperative_groups;
 namespace locks::cuda::detail {
 namespace {
 
-constexpr int kHeadGroups = kThreads / 128;
-constexpr int kAutoSelectCluster =
-    8;  // the largest cluster the plan's rule picks  // heads whose LSE a block reduces at once
+constexpr int kHeadGroups = kThreads / 128;  // heads whose LSE a block reduces at once
 
 struct ClusterSmem {
   uint32_t keys[kSelectChunk];
@@ -49,7 +47,9 @@ struct ClusterArgs {
   int32_t* counts;  // [B, Hkv]
 };
 
-template <int kG>  // GQA group <= kG (8, 16 or 32): registers for a page's head scores
+// kFused: the GQA aggregation here (kG >= G: registers for a page's head scores, 8, 16 or
+// 32); otherwise the group scores are read from a.gs (aggregate_kernel ran first).
+template <int kG, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterArgs a) {
   __shared__ SelectSmem sm;
   __shared__ ClusterSmem cs;
@@ -58,50 +58,54 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   const int h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y, G = a.Hq / Hkv;
   const int64_t row = int64_t(b) * Hkv + h;
 
-  // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
-  // order), then every block gathers all G from their owners' shared memory.
-  for (int g0 = rank * kHeadGroups; g0 < G; g0 += n_ranks * kHeadGroups) {
-    const int g = g0 + int(threadIdx.x) / 128, t = int(threadIdx.x) % 128, slot = g - g0;
-    const int64_t hrow = int64_t(b) * a.Hq + h * G + g;
-    if (g < G)
-      head_lse_partial(a.chunk_lse + hrow * a.n_chunks * 2, a.n_used, t, cs.part_m[slot],
-                       cs.part_l[slot]);
-    __syncthreads();
-    if (g < G && t == 0) {
-      const float v = head_lse_final(cs.part_m[slot], cs.part_l[slot]);
-      cs.own_lse[g] = v;
-      a.head_lse[hrow] = v;
-    }
-    __syncthreads();
-  }
-  cluster.sync();
-  if (int(threadIdx.x) < G) {
-    const int g = int(threadIdx.x), owner = (g / kHeadGroups) % n_ranks;
-    cs.lse[g] = *cluster.map_shared_rank(&cs.own_lse[g], owner);
-  }
-  cluster.barrier_arrive();  // this block's remote reads are done (waited for below)
-  __syncthreads();
-
-  // 2. Group scores of this block's pages, written out and kept as keys for the candidates.
   const Rules r = rules_for(a.seq_lens[b], a.P, a.M, a.cfg);
   const int j0 = rank * a.span, j1 = min(a.M, j0 + a.span);
-  const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
   float* grow = a.gs + row * a.M;
-  // Two pages a thread at a time: both pages' loads are in flight together.
-  for (int j = j0 + int(threadIdx.x); j < j1; j += 2 * kThreads) {
-    const int j2 = j + kThreads;
-    const float s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
-    const float s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
-    grow[j] = s0;
-    cs.keys[j - j0] = float_key(s0);
-    if (j2 < j1) {
-      grow[j2] = s1;
-      cs.keys[j2 - j0] = float_key(s1);
+  if constexpr (kFused) {
+    // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
+    // order), then every block gathers all G from their owners' shared memory.
+    for (int g0 = rank * kHeadGroups; g0 < G; g0 += n_ranks * kHeadGroups) {
+      const int g = g0 + int(threadIdx.x) / 128, t = int(threadIdx.x) % 128, slot = g - g0;
+      const int64_t hrow = int64_t(b) * a.Hq + h * G + g;
+      if (g < G)
+        head_lse_partial(a.chunk_lse + hrow * a.n_chunks * 2, a.n_used, t, cs.part_m[slot],
+                         cs.part_l[slot]);
+      __syncthreads();
+      if (g < G && t == 0) {
+        const float v = head_lse_final(cs.part_m[slot], cs.part_l[slot]);
+        cs.own_lse[g] = v;
+        a.head_lse[hrow] = v;
+      }
+      __syncthreads();
     }
+    cluster.sync();
+    if (int(threadIdx.x) < G) {
+      const int g = int(threadIdx.x), owner = (g / kHeadGroups) % n_ranks;
+      cs.lse[g] = *cluster.map_shared_rank(&cs.own_lse[g], owner);
+    }
+    cluster.barrier_arrive();  // this block's remote reads are done (waited for below)
+    __syncthreads();
+
+    // 2. Group scores of this block's pages, written out and kept as keys for the
+    // candidates; two pages a thread at a time, both pages' loads in flight together.
+    const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
+    for (int j = j0 + int(threadIdx.x); j < j1; j += 2 * kThreads) {
+      const int j2 = j + kThreads;
+      const float s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
+      const float s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
+      grow[j] = s0;
+      cs.keys[j - j0] = float_key(s0);
+      if (j2 < j1) {
+        grow[j2] = s1;
+        cs.keys[j2 - j0] = float_key(s1);
+      }
+    }
+    // Every block has gathered the LSEs: no block reads another's own_lse after this, so
+    // any may exit.
+    cluster.barrier_wait();
+  } else {
+    for (int j = j0 + int(threadIdx.x); j < j1; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
   }
-  // Every block has gathered the LSEs: no block reads another's own_lse after this, so any
-  // may exit.
-  cluster.barrier_wait();
   int32_t* out = a.pages + row * a.cap;
   // Cluster-uniform from here on (r depends only on the sequence): every block takes the
   // same branches and meets the same cluster barriers.
@@ -201,7 +205,7 @@ bool cluster_fits(int cs) {
   lc.attrs = attr;
   lc.numAttrs = 1;
   int n = 0;
-  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup>, &lc) ==
+  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup, true>, &lc) ==
              cudaSuccess &&
          n > 0;
 }
@@ -221,10 +225,7 @@ int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
                   " selection blocks cannot be resident on this device");
     return forced;
   }
-  // Up to 8 blocks a row (32K pages, 512K tokens). At 1M tokens (16 blocks) the one launch
-  // measured no faster for G 4 and slower for G 16 (GLM 1M batch 1: step 119 -> 127 us, v17
-  // in docs/cuda_notes.md), so the rule keeps the two stages there; 16 can still be forced.
-  if (need > kAutoSelectCluster) return 0;
+  if (need > kMaxSelectCluster) return 0;  // over 16 x 4096 pages (1M tokens): two stages
   int cs = 1;
   while (cs < need) cs *= 2;
   if (!cluster_fits(cs)) return 0;
@@ -238,8 +239,8 @@ int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
 }
 
 void prepare_select_kernels() {
-  for (auto* k : {aggregate_select_cluster<8>, aggregate_select_cluster<16>,
-                  aggregate_select_cluster<kMaxGroup>})
+  for (auto* k : {aggregate_select_cluster<8, true>, aggregate_select_cluster<16, true>,
+                  aggregate_select_cluster<kMaxGroup, true>, aggregate_select_cluster<1, false>})
     LOCKS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
@@ -277,11 +278,21 @@ void launch_aggregate_select(const float* head_scores, const float* chunk_lse, i
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
   lc.numAttrs = 1;
+  // Up to 8 blocks a row (512K tokens) the aggregation runs inside; with 16 (1M tokens), the
+  // fused form measured no faster for G 4 and slower for G 16 (GLM 1M batch 1: step 119 ->
+  // 127 us, v17 in docs/cuda_notes.md: 32 blocks reduce 16 heads x 4096 pages each), so the
+  // wide aggregation kernel runs first and the cluster selects from its group scores.
+  if (!select_cluster_fused(cluster)) {
+    launch_aggregate(head_scores, chunk_lse, n_chunks, chunk_pages, batch, Hq, Hkv, head_lse,
+                     group_scores, st);
+    LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc, aggregate_select_cluster<1, false>, a));
+    return;
+  }
   const int G = Hq / Hkv;
   LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc,
-                                      G <= 8    ? aggregate_select_cluster<8>
-                                      : G <= 16 ? aggregate_select_cluster<16>
-                                                : aggregate_select_cluster<kMaxGroup>,
+                                      G <= 8    ? aggregate_select_cluster<8, true>
+                                      : G <= 16 ? aggregate_select_cluster<16, true>
+                                                : aggregate_select_cluster<kMaxGroup, true>,
                                       a));
 }
 

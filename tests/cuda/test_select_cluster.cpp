@@ -186,8 +186,8 @@ TEST(SelectClusterPlan, RuleAndRefusals) {
   EXPECT_GT(plan(1, 8192, 0, 0.0f).select_cluster, 0);      // 128K batch 1
   EXPECT_EQ(plan(1, 8192, -1, 0.0f).select_cluster, 0);     // never
   EXPECT_EQ(plan(1, 8192, 0, 0.9f).select_cluster, 0);      // adaptive: two stages
-  EXPECT_EQ(plan(1, 65536, 0, 0.0f).select_cluster, 0);     // 1M tokens: two stages
-  EXPECT_EQ(plan(1, 65536, 16, 0.0f).select_cluster, 16);   // unless forced
+  EXPECT_EQ(plan(1, 65536, 0, 0.0f).select_cluster, 16);    // 1M: 16 blocks (not fused)
+  EXPECT_EQ(plan(8, 65536, 0, 0.0f).select_cluster, 0);     // 64 rows x 16: two stages
   EXPECT_THROW(plan(1, 65537, 16, 0.0f), InvalidArgument);  // over 16 x 4096 pages
   EXPECT_EQ(plan(32, 8192, 0, 0.0f).select_cluster, 0);     // 256 rows: a large grid
   EXPECT_EQ(plan(1, 8192, 4, 0.0f).select_cluster, 4);      // forced
