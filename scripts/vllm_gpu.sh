@@ -16,6 +16,7 @@
 # latency-glm:   GLM-4-9B-Chat-1M dummy weights at 128K, 256K, 1M, batch 1 (+ 128K batch 4).
 # latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
 #                needs 137 GB of KV: does not fit one H200).
+# (latency phases: LOCKS_VLLM_RUNNER=0 runs them on the V1 model runner.)
 # peer:    LOCKS vs vLLM's FA3 paged decode on the kernel bench's rows (bench/peer_fa3.py, issue
 #          #14 item 6): runs locks_bench_cuda ($LOCKS_BENCH_BIN, default the carried
 #          .devcarry/gpu/bench/cuda/locks_bench_cuda) on its whole grid, then times FA3 exactly as
@@ -66,12 +67,12 @@ for p in "${phases[@]}"; do
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
         $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
-    latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
+    latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
         ${LOCKS_GLM_KV_GROUPS:+--glm-kv-groups $LOCKS_GLM_KV_GROUPS} \
         --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;
-    latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" --timeout 280 \
+    latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
         --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;
-    latency-quick) run latency-quick 400 python3 -m locks.vllm.check latency --out "$V" --timeout 180 \
+    latency-quick) run latency-quick 400 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 180 \
         --rows "glm 131072 1" ;;
     peer | peer-quick)
       args=(--out "$V/peer" --budget-s 540)

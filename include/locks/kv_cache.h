@@ -1,8 +1,13 @@
 // Paged KV cache in vLLM's layout, as plain views over raw memory.
 //
-// K and V are two arrays of shape [num_blocks, page_size, num_kv_heads, head_dim]
-// (contiguous, row-major): element (block, slot, head, dim) lives at
-//   ((block * page_size + slot) * num_kv_heads + head) * head_dim + dim.
+// K and V are two arrays of blocks, each block [page_size, num_kv_heads, head_dim]
+// (contiguous, row-major), consecutive blocks block_stride elements apart: element
+// (block, slot, head, dim) lives at
+//   block * block_stride + (slot * num_kv_heads + head) * head_dim + dim.
+// Dense ([num_blocks, page_size, num_kv_heads, head_dim] contiguous, PagedKvCache's own
+// memory, vLLM's V2 model runner): block_stride = page_size * num_kv_heads * head_dim.
+// vLLM's V1 model runner interleaves K and V per block ([num_blocks, 2, P, H, d] physically,
+// K = kv[:, 0], V = kv[:, 1]): block_stride = 2 * page_size * num_kv_heads * head_dim.
 // A sequence owns a list of physical blocks (its row of the block table); its
 // token t sits in block block_table[t / page_size], slot t % page_size. A view
 // says nothing about where the memory lives (host or device): the backend that
@@ -24,15 +29,29 @@ struct CacheLayout {
   DType dtype = DType::f32;
 
   int64_t block_elems() const { return int64_t(page_size) * num_kv_heads * head_dim; }
+  // Offset in a dense cache (block_stride = block_elems()); a view's offset() follows its
+  // block stride.
   int64_t offset(int64_t block, int slot, int head) const {
     return ((block * page_size + slot) * num_kv_heads + head) * int64_t(head_dim);
   }
 };
 
+// The block stride is the view's, not the layout's: it says where the memory is (like the
+// pointers), not what the cache holds, so a plan made from a CacheLayout serves dense and
+// strided caches alike, and each call may pass either.
 struct KvCacheView {
   const void* k = nullptr;
   const void* v = nullptr;
   CacheLayout layout;
+  // Elements from block b to block b + 1, the same for K and V; 0 = dense (block_elems()).
+  // Otherwise >= block_elems() (validate_cache); the CUDA backend also needs it a multiple
+  // of 16 bytes (its 16-byte loads).
+  int64_t block_stride = 0;
+
+  int64_t block_step() const { return block_stride != 0 ? block_stride : layout.block_elems(); }
+  int64_t offset(int64_t block, int slot, int head) const {
+    return block * block_step() + (int64_t(slot) * layout.num_kv_heads + head) * layout.head_dim;
+  }
 };
 
 // A batch of sequences over one cache: block_table is [batch_size, block_table_stride]
@@ -49,6 +68,12 @@ struct BatchView {
 // Throws locks::Error unless layout describes a usable cache:
 // num_blocks >= 1, page_size in [2, 256], num_kv_heads >= 1, head_dim in {32, 64, 96, 128, 256}.
 void validate_layout(const CacheLayout& layout);
+// Throws locks::Error unless cache is usable: validate_layout(cache.layout); block_stride 0 or
+// in [block_elems(), INT64_MAX / num_blocks] (blocks may not overlap each other; offsets must
+// not overflow); and, where both k and v are given, no K block overlaps a V block (e.g. V =
+// K + block_elems() in an interleaved [N, 2, P, H, d] cache is fine, V = K is not). Pointers
+// are not checked for null here (a summary build passes no v); the ops say which they need.
+void validate_cache(const KvCacheView& cache);
 // Throws unless every seq_len is in [1, max_blocks_per_seq * page_size] and every used
 // block id is in [0, num_blocks). Reads the (host) arrays.
 void validate_batch(const CacheLayout& layout, const BatchView& batch);

@@ -39,11 +39,10 @@ void summary_build(const at::Tensor& k_cache, const at::Tensor& block_ids,
   same_device(dev, {{&k_cache, "k_cache"}, {&block_ids, "block_ids"}});
   same_device(dev, summaries, "summaries");
   typename B::Guard guard(dev);
-  const locks::CacheLayout layout = cache_layout(k_cache, nullptr);
+  const locks::KvCacheView cache = cache_view(k_cache, nullptr);
   require(block_ids, "block_ids", at::kInt, 1);
-  const locks::SummaryView s = summary_view(summaries, &layout);
+  const locks::SummaryView s = summary_view(summaries, &cache.layout);
   if (block_ids.numel() == 0) return;
-  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
   translate_errors([&] {
     B::summary_build(cache, block_ids.data_ptr<int32_t>(), block_ids.numel(), s, B::stream(dev));
   });
@@ -61,10 +60,9 @@ void summary_update(const at::Tensor& k_cache, const at::Tensor& block_table,
                     {slot_mapping ? &*slot_mapping : &none, "slot_mapping"}});
   same_device(dev, summaries, "summaries");
   typename B::Guard guard(dev);
-  const locks::CacheLayout layout = cache_layout(k_cache, nullptr);
+  const locks::KvCacheView cache = cache_view(k_cache, nullptr);
   const locks::BatchView batch = batch_view(block_table, seq_lens);
-  const locks::SummaryView s = summary_view(summaries, &layout);
-  const locks::KvCacheView cache{k_cache.data_ptr(), nullptr, layout};
+  const locks::SummaryView s = summary_view(summaries, &cache.layout);
   if (slot_mapping) {
     require(*slot_mapping, "slot_mapping", at::kInt, 1);
     if (slot_mapping->numel() == 0) return;
@@ -132,11 +130,11 @@ void decode_attention(const at::Tensor& workspace, at::IntArrayRef plan_ints, co
   typename B::Guard guard(dev);
   const locks::DecodePlan plan = plan_of(plan_ints, B::kBackend);
   const locks::Workspace ws = workspace_view(workspace, plan);
-  const locks::CacheLayout layout = cache_layout(k_cache, &v_cache);
+  const locks::KvCacheView cache = cache_view(k_cache, &v_cache);
+  const locks::CacheLayout& layout = cache.layout;
   const locks::BatchView batch = batch_view(block_table, seq_lens);
   const locks::QueryView qv = query_view(q, batch.batch_size, layout.head_dim);
   const locks::AttentionOutput o = output_view(out, lse, qv, batch.batch_size, layout.head_dim);
-  const locks::KvCacheView cache{k_cache.data_ptr(), v_cache.data_ptr(), layout};
   if (!pages) {
     translate_errors(
         [&] { B::decode_attention_dense(plan, ws, cache, batch, qv, o, B::stream(dev)); });

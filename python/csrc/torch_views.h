@@ -74,26 +74,52 @@ inline void require(const at::Tensor& t, const char* name, at::ScalarType dtype,
   TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous");
 }
 
-// k_cache / v_cache: [num_blocks, page_size, num_kv_heads, head_dim].
-inline locks::CacheLayout cache_layout(const at::Tensor& k, const at::Tensor* v) {
+// k_cache / v_cache: [num_blocks, page_size, num_kv_heads, head_dim], each block's
+// [page_size, num_kv_heads, head_dim] contiguous, blocks stride(0) >= page_size * num_kv_heads
+// * head_dim elements apart (dense, or e.g. K = kv[:, 0] of a [N, 2, P, H, d] cache: vLLM's V1
+// model runner); v (when given) with k's shape, dtype and block stride. The core checks the
+// rest (validate_cache: layout, K/V disjoint; CUDA: 16-byte aligned blocks).
+inline void require_blocks(const at::Tensor& t, const char* name) {
+  int64_t want = 1;  // the inner three dims contiguous (a size-1 dim's stride is free)
+  for (int i = 3; i >= 1; --i) {
+    TORCH_CHECK_VALUE(t.size(i) == 1 || t.stride(i) == want, name,
+                      ": each block [page_size, num_kv_heads, head_dim] must be contiguous "
+                      "(strides ",
+                      t.strides(), " for shape ", t.sizes(),
+                      "); only the block dimension 0 may "
+                      "be strided");
+    want *= t.size(i);
+  }
+  TORCH_CHECK_VALUE(t.size(0) <= 1 || t.stride(0) >= want, name, ": block stride ", t.stride(0),
+                    " (stride of dim 0) is below one block's ", want,
+                    " elements (page_size * num_kv_heads * head_dim): blocks would overlap");
+}
+inline locks::KvCacheView cache_view(const at::Tensor& k, const at::Tensor* v) {
   TORCH_CHECK_VALUE(k.dim() == 4,
                     "k_cache: expected [num_blocks, page_size, num_kv_heads, head_dim], got ",
                     k.sizes());
-  TORCH_CHECK_VALUE(k.is_contiguous(), "k_cache: must be contiguous");
-  locks::CacheLayout l;
+  require_blocks(k, "k_cache");
+  locks::KvCacheView c;
+  locks::CacheLayout& l = c.layout;
   l.num_blocks = k.size(0);
   l.page_size = to_int(k.size(1), "k_cache.size(1) (page_size)");
   l.num_kv_heads = to_int(k.size(2), "k_cache.size(2) (num_kv_heads)");
   l.head_dim = to_int(k.size(3), "k_cache.size(3) (head_dim)");
   l.dtype = to_dtype(k.scalar_type(), "k_cache");
+  c.block_stride = k.size(0) > 1 ? k.stride(0) : 0;
+  c.k = k.data_ptr();
   if (v) {
     TORCH_CHECK_VALUE(v->sizes() == k.sizes(), "v_cache: shape ", v->sizes(),
                       " differs from k_cache ", k.sizes());
     TORCH_CHECK_VALUE(v->scalar_type() == k.scalar_type(), "v_cache: dtype ", v->scalar_type(),
                       " differs from k_cache ", k.scalar_type());
-    TORCH_CHECK_VALUE(v->is_contiguous(), "v_cache: must be contiguous");
+    require_blocks(*v, "v_cache");
+    TORCH_CHECK_VALUE(v->size(0) <= 1 || v->stride(0) == k.stride(0), "v_cache: block stride ",
+                      v->stride(0), " differs from k_cache's ", k.stride(0),
+                      " (K and V share one block stride)");
+    c.v = v->data_ptr();
   }
-  return l;
+  return c;
 }
 
 // block_table [batch, max_blocks_per_seq] int32, seq_lens [batch] int32.

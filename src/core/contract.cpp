@@ -120,6 +120,7 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   detail::check_run_cache(plan, cache.layout, __func__);
   detail::check_run_summary(plan, summaries.layout, __func__);
   detail::check_run_query(plan, q, __func__);
+  validate_cache(cache);  // before the selection is written (its stride, K/V disjoint)
   LOCKS_REQUIRE(out.out != nullptr, "out.out is null");
   Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
                 plan.capacity};

@@ -38,7 +38,7 @@ void prefetch_page(const KvCacheView& cache, int32_t block, int g) {
   const CacheLayout& L = cache.layout;
   const int64_t row_bytes = int64_t(L.head_dim) * dtype_size(L.dtype);
   for (int s = 0; s < L.page_size; ++s) {
-    const int64_t off = L.offset(block, s, g) * dtype_size(L.dtype);
+    const int64_t off = cache.offset(block, s, g) * dtype_size(L.dtype);
     const char* k = static_cast<const char*>(cache.k) + off;
     const char* v = static_cast<const char*>(cache.v) + off;
     for (int64_t c = 0; c < row_bytes; c += 64) {
@@ -66,7 +66,7 @@ struct Scratch {
   const int d = L.head_dim;
   const int64_t stride = d + 2;
   for (int s = 0; s < n; ++s) {
-    const int64_t off = L.offset(block, s, g);
+    const int64_t off = cache.offset(block, s, g);
     w.krow[s] = detail::load_row(cache.k, L.dtype, off, d, w.kbuf + s * d);
     w.vrow[s] = detail::load_row(cache.v, L.dtype, off, d, w.vbuf + s * d);
   }
@@ -264,6 +264,7 @@ void check_common(const KvCacheView& cache, const BatchView& batch, const QueryV
   // The batch first: an empty batch has empty (null) buffers, and "batch is empty" says why.
   detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, where);
   if (cache.k == nullptr || cache.v == nullptr) detail::fail(where, "cache.k or cache.v is null");
+  validate_cache(cache);
   if (out.out == nullptr) detail::fail(where, "out.out is null");
   detail::check_query(q, batch.batch_size, cache.layout.num_kv_heads, cache.layout.head_dim, where);
   detail::check_scale(scale, where);

@@ -13,7 +13,7 @@ namespace locks {
 void attention_mass_recall(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                            float scale, const Selection& sel, double* recall) {
   const CacheLayout& L = cache.layout;
-  validate_layout(L);
+  validate_cache(cache);
   LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
   LOCKS_REQUIRE(recall != nullptr, "recall is null");
   detail::check_batch_blocks(batch, L.num_blocks, L.page_size, __func__);
@@ -41,7 +41,7 @@ void attention_mass_recall(const KvCacheView& cache, const BatchView& batch, con
       logit.resize(size_t(len));
       double mx = -std::numeric_limits<double>::infinity();
       for (int32_t t = 0; t < len; ++t) {
-        const int64_t off = L.offset(table[t / P], t % P, g);
+        const int64_t off = cache.offset(table[t / P], t % P, g);
         double x = 0.0;
         for (int e = 0; e < d; ++e) x += double(qh[e]) * load_as_float(cache.k, L.dtype, off + e);
         x *= double(scale);

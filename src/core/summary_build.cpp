@@ -26,7 +26,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
                    const SummaryView& out) {
   const CacheLayout& cl = cache.layout;
   const SummaryLayout& sl = out.layout;
-  validate_layout(cl);
+  validate_cache(cache);
   validate_summary_layout(sl);
   LOCKS_REQUIRE(sl.num_blocks == cl.num_blocks && sl.page_size == cl.page_size &&
                     sl.num_kv_heads == cl.num_kv_heads && sl.head_dim == cl.head_dim,
@@ -71,7 +71,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
       const int h = static_cast<int>(item % H);
       bool finite = true;
       for (int s = 0; s < P; ++s) {
-        const int64_t off = cl.offset(block, s, h);
+        const int64_t off = cache.offset(block, s, h);
         for (int e = 0; e < d; ++e) {
           const double x = load_as_float(cache.k, cl.dtype, off + e);
           finite = finite && std::isfinite(x);

@@ -13,7 +13,7 @@ namespace locks::cpu {
 void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
                           const SummaryView& out) {
   const CacheLayout& L = cache.layout;
-  validate_layout(L);
+  validate_cache(cache);
   LOCKS_REQUIRE(appended >= 1 && appended <= L.page_size,
                 "appended must be in [1, page_size = ", L.page_size, "], got ", appended);
   detail::check_batch_blocks(batch, L.num_blocks, L.page_size, __func__);
@@ -28,7 +28,7 @@ void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int 
 void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
                          const SummaryView& out) {
   const CacheLayout& L = cache.layout;
-  validate_layout(L);
+  validate_cache(cache);
   LOCKS_REQUIRE(n_slots >= 0, "n_slots must be >= 0, got ", n_slots);
   LOCKS_REQUIRE(n_slots == 0 || slot_mapping != nullptr, "slot_mapping is null");
   std::vector<int32_t> blocks;

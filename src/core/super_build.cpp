@@ -84,7 +84,7 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
                  int64_t n, const SuperView& out) {
   const SuperLayout& l = out.layout;
   validate_super_layout(l);
-  validate_layout(cache.layout);
+  validate_cache(cache);
   LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
   LOCKS_REQUIRE(cache.layout.page_size == l.page_size &&
                     cache.layout.num_kv_heads == l.num_kv_heads &&
@@ -115,8 +115,8 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
     for (int64_t i = 0; i < n * S; ++i)
       for (int t = 0; t < P; ++t)
         for (int h = 0; h < H; ++h) {
-          detail::convert_row(cache.k, cache.layout.dtype,
-                              cache.layout.offset(group_blocks[i], t, h), d, row.data());
+          detail::convert_row(cache.k, cache.layout.dtype, cache.offset(group_blocks[i], t, h), d,
+                              row.data());
           for (int c = 0; c < d; ++c)
             LOCKS_REQUIRE(std::isfinite(row[c]), "non-finite key in block ", group_blocks[i]);
         }
@@ -132,7 +132,7 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
     for (int p = 0; p < S; ++p)
       for (int t = 0; t < P; ++t) {
         detail::convert_row(cache.k, cache.layout.dtype,
-                            cache.layout.offset(group_blocks[i * S + p], t, h), d, row.data());
+                            cache.offset(group_blocks[i * S + p], t, h), d, row.data());
         for (int c = 0; c < d; ++c) K(p * P + t, c) = row[c];
       }
     const Eigen::RowVectorXd M = K.colwise().mean();

@@ -50,7 +50,8 @@ struct AttnArgs {
   const void* k;
   const void* v;
   int H, Hq;
-  int64_t num_blocks;  // block ids outside [0, num_blocks) are never dereferenced
+  int64_t num_blocks;    // block ids outside [0, num_blocks) are never dereferenced
+  int64_t block_stride;  // elements from one block to the next (KvCacheView::block_step)
   const int32_t* block_table;
   int64_t bt_stride;
   int cap_tokens;  // row capacity, max_blocks_per_seq * 16: longer (or < 1) lengths are invalid
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
   for (int w = 0; w < kDst; ++w) dofs[w] = (lr * CH + (lc ^ lr ^ (w * RPI))) * 16;
   auto issue_tile = [&](const T* base, int64_t blk, unsigned tile) {
-    const T* src = base + ((blk * 16 + lr) * a.H + h) * D + lc * 8;
+    const T* src = base + blk * a.block_stride + (int64_t(lr) * a.H + h) * D + lc * 8;
 #pragma unroll
     for (int q = 0; q < 16 / RPI; ++q)
       cp_async16_row<kRowBytes>(tile + q * RPI * CH * 16 + dofs[q % kDst], src + q * row_step);
@@ -481,6 +482,7 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
              L.num_kv_heads,
              Hq,
              L.num_blocks,
+             cache.block_step(),
              batch.block_table,
              batch.block_table_stride,
              batch.max_blocks_per_seq * 16,

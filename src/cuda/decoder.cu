@@ -47,6 +47,10 @@ void check_attention(const DecodePlan& plan, const KvCacheView& cache, const Que
   locks::detail::check_run_query(plan, q, where);
   if (!(cache.k && cache.v && aligned16(cache.k) && aligned16(cache.v)))
     locks::detail::fail(where, "cache K/V are null or not 16-byte aligned");
+  validate_cache(cache);
+  if (cache.block_step() * dtype_size(cache.layout.dtype) % 16 != 0)
+    locks::detail::fail(where, "block_stride ", cache.block_step(),
+                        " elements is not a multiple of 16 bytes (the CUDA kernels' loads)");
   if (out.out == nullptr) locks::detail::fail(where, "out.out is null");
 }
 

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = lane; e < kP * vec_per_row; e += 32) {
       const int row = e / vec_per_row, vi = e % vec_per_row;
       if (blk[w] >= 0) {
-        const T* src = keys + ((int64_t(blk[w]) * kP + row) * H + head[w]) * d;
+        const T* src = keys + blk[w] * work.block_stride + (int64_t(row) * H + head[w]) * d;
         load_row_vec<T>(src, D + row * ld, vi);
       } else {
         constexpr int kPer = 16 / sizeof(T);
@@ -284,6 +284,8 @@ void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work,
   LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "too many pages in one call: ", problems);
   const int H = cache.layout.num_kv_heads, d = cache.layout.head_dim, r = sl.rank;
   const size_t sm = smem_bytes(d);
+  Work w = work;
+  w.block_stride = cache.block_step();
   auto go = [&](auto* k) {
     using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
     // Above the default 48 KB (large head_dim) the kernel needs the attribute (host call,
@@ -292,7 +294,7 @@ void launch(const KvCacheView& cache, const SummaryLayout& sl, const Work& work,
       LOCKS_CUDA_CHECK(cudaFuncSetAttribute(summary_kernel<TT, S>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(sm)));
     summary_kernel<TT, S>
-        <<<unsigned(blocks), kWarps * 32, sm, st>>>(k, H, d, r, work, out, gram, evec, eval);
+        <<<unsigned(blocks), kWarps * 32, sm, st>>>(k, H, d, r, w, out, gram, evec, eval);
   };
   with_typed_keys(cache, go);
   LOCKS_CUDA_LAUNCHED();
@@ -320,6 +322,13 @@ void check_views(const KvCacheView& cache, const SummaryView& out, const char* w
   check_layouts(cache.layout, out.layout, where);
   const SummaryLayout& sl = out.layout;
   if (cache.k == nullptr) locks::detail::fail(where, "cache.k is null");
+  validate_cache(cache);
+  if (reinterpret_cast<uintptr_t>(cache.k) % 16 != 0 ||
+      cache.block_step() * dtype_size(cache.layout.dtype) % 16 != 0)
+    locks::detail::fail(where,
+                        "cache.k and every block of it must be 16-byte aligned (the "
+                        "CUDA kernels' loads): block_stride ",
+                        cache.block_step(), " elements");
   if (sl.precision == Precision::fp32) {
     if (!(out.mu && out.basis && out.coeff))
       locks::detail::fail(where, "fp32 summary arrays are null");
@@ -331,8 +340,8 @@ void check_views(const KvCacheView& cache, const SummaryView& out, const char* w
 
 // The latency kernel over one item per sequence (filled) or slot (slots): a block per
 // (item, KV head), grid from the item count only.
-void launch_filled(const KvCacheView& cache, const SummaryView& out, const Work& w,
-                   cudaStream_t stream) {
+void launch_filled(const KvCacheView& cache, const SummaryView& out, Work w, cudaStream_t stream) {
+  w.block_stride = cache.block_step();
   const int H = cache.layout.num_kv_heads, d = cache.layout.head_dim, r = out.layout.rank;
   const int64_t blocks = w.n_items * H;
   if (blocks == 0) return;

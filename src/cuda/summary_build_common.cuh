@@ -28,6 +28,8 @@ struct Work {
   // filled mode: lengths outside [1, max_blocks * kP] (the block-table row) are skipped.
   int64_t num_blocks = 0;
   int64_t max_blocks = 0;
+  // Elements from one cache block to the next (KvCacheView::block_step; set by the launchers).
+  int64_t block_stride = 0;
 };
 
 struct Out {

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kFilledThreads)
   // 1. Keys -> shared memory (fp32), one 16-byte vector a thread (bf16/fp16, d 128).
   {
     const int vec_per_row = d * int(sizeof(T)) / 16;
-    const T* src = keys + (int64_t(blk) * kP * H + head) * d;
+    const T* src = keys + blk * work.block_stride + int64_t(head) * d;
     for (int e = tid; e < kP * vec_per_row; e += kFilledThreads) {
       const int row = e / vec_per_row, vi = e - row * vec_per_row;
       load_row_vec<T>(src + int64_t(row) * H * d, Ds + row * ld, vi);

@@ -49,7 +49,7 @@ void decode_attention(const KvCacheView& cache, const BatchView& batch, const Qu
         const int32_t blk = batch.block_table[b * batch.block_table_stride + j];
         const int n = std::min(P, len - j * P);
         for (int i = 0; i < n; ++i) {
-          const int64_t off = l.offset(blk, i, g);
+          const int64_t off = detail::element_offset(cache, blk, i, g);
           double dot = 0;
           for (int c = 0; c < d; ++c)
             dot += double(qv[c]) * load_as_float(cache.k, l.dtype, off + c);

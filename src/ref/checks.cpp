@@ -19,6 +19,11 @@ void check_cache_layout(const CacheLayout& l) {
 void check_cache(const KvCacheView& cache) {
   check_cache_layout(cache.layout);
   LOCKS_REQUIRE(cache.k != nullptr && cache.v != nullptr, "cache K/V pointers must not be null");
+  const CacheLayout& l = cache.layout;
+  LOCKS_REQUIRE(cache.block_stride == 0 ||
+                    cache.block_stride >= int64_t(l.page_size) * l.num_kv_heads * l.head_dim,
+                "block_stride must be 0 or >= page_size * num_kv_heads * head_dim, got ",
+                cache.block_stride);
 }
 
 void check_summary_layout(const SummaryLayout& s) {

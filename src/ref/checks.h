@@ -8,7 +8,15 @@
 namespace locks::ref::detail {
 
 void check_cache_layout(const CacheLayout& l);
+// Also: block_stride 0 (dense) or at least one block's elements.
 void check_cache(const KvCacheView& cache);
+// Element offset of (block, slot, head) in K or V: blocks block_stride apart (0: dense).
+inline int64_t element_offset(const KvCacheView& c, int64_t block, int slot, int head) {
+  const CacheLayout& l = c.layout;
+  const int64_t dense = int64_t(l.page_size) * l.num_kv_heads * l.head_dim;
+  return block * (c.block_stride == 0 ? dense : c.block_stride) +
+         (int64_t(slot) * l.num_kv_heads + head) * l.head_dim;
+}
 void check_summary_layout(const SummaryLayout& s);
 void check_summary_view(const SummaryView& s);
 // Every seq_len in [1, max_blocks_per_seq * page_size], every used block id in [0, num_blocks).

@@ -74,7 +74,7 @@ double exact_log_mass(const KvCacheView& cache, int32_t block, int head, int n_v
   detail::check_finite(q, l.head_dim, "q");
   std::vector<double> logits(n_valid);
   for (int i = 0; i < n_valid; ++i) {
-    const int64_t off = l.offset(block, i, head);
+    const int64_t off = detail::element_offset(cache, block, i, head);
     double dot = 0;
     for (int c = 0; c < l.head_dim; ++c)
       dot += double(q[c]) * load_as_float(cache.k, l.dtype, off + c);

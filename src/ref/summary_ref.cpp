@@ -27,7 +27,7 @@ PageSummary64 summary_build_page(const KvCacheView& cache, int32_t block, int he
   // OpenMP); Eigen only for the symmetric eigen-solver.
   std::vector<double> D(size_t(P) * d), mu(size_t(d), 0.0);
   for (int i = 0; i < P; ++i) {
-    const int64_t off = l.offset(block, i, head);
+    const int64_t off = detail::element_offset(cache, block, i, head);
     for (int c = 0; c < d; ++c) {
       const double x = load_as_float(cache.k, l.dtype, off + c);
       LOCKS_REQUIRE(std::isfinite(x), "key has NaN or Inf");

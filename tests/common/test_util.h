@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -98,6 +99,15 @@ struct TestCache {
 };
 
 inline int64_t pages_of(int64_t len, int page_size) { return (len + page_size - 1) / page_size; }
+
+// A dense K or V array (num_blocks blocks of block_bytes) copied into dst with its blocks
+// stride_bytes apart (KvCacheView::block_stride in bytes); dst's other bytes are kept.
+inline void scatter_blocks(void* dst, const void* src, int64_t num_blocks, size_t block_bytes,
+                           size_t stride_bytes) {
+  for (int64_t b = 0; b < num_blocks; ++b)
+    std::memcpy(static_cast<char*>(dst) + size_t(b) * stride_bytes,
+                static_cast<const char*>(src) + size_t(b) * block_bytes, block_bytes);
+}
 
 // Keys/values of one sequence, [len, H, d].
 inline void fill_sequence(const CacheSpec& sp, Rng& rng, int32_t len,

@@ -3,15 +3,19 @@
 // dtypes, head_dims, page sizes, GQA groups, summary precisions, ragged lengths and budgets
 // from one page to the whole context, within the derived bounds of test_compare.h (plus
 // the backend's ArithModel). Cases a backend does not support (supports()) are skipped
-// with the reason; so is every case when the backend is unavailable (no GPU).
+// with the reason; so is every case when the backend is unavailable (no GPU). Some cases
+// put K/V in backend memory with a block stride (kv_cache.h): vLLM's V1 model runner's
+// interleaved [N, 2, P, H, d] cache, or blocks with NaN padding between them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "backend.h"
 #include "locks/reference.h"
@@ -22,6 +26,14 @@
 namespace locks::test {
 namespace {
 
+// Where the case's K/V blocks sit in backend memory (KvCacheView::block_stride).
+enum class KvMem {
+  dense,        // two arrays [N, P, H, d]
+  interleaved,  // one [N, 2, P, H, d] array, K = kv[:, 0], V = kv[:, 1]: block stride 2E
+  padded,       // two arrays, blocks E + kPad apart, the gaps NaN (a read of them shows)
+};
+constexpr int64_t kPad = 64;  // elements: blocks stay 16-byte aligned in every dtype
+
 struct OpCase {
   DType dtype;
   int head_dim, page_size, kv_heads, group, rank;
@@ -29,13 +41,17 @@ struct OpCase {
   std::vector<int32_t> lens;
   bool structured = false;
   bool weighted = false;  // query-weighted summaries (summary.h: SummaryView::qweight)
+  KvMem kv = KvMem::dense;
 };
 
 std::string name_of(const OpCase& c) {
   std::ostringstream os;
   os << dtype_name(c.dtype) << "_d" << c.head_dim << "_P" << c.page_size << "_H" << c.kv_heads
      << "_G" << c.group << "_r" << c.rank << "_" << precision_name(c.precision) << "_B"
-     << c.lens.size() << (c.weighted ? "_wq" : "");
+     << c.lens.size() << (c.weighted ? "_wq" : "")
+     << (c.kv == KvMem::interleaved ? "_kvi"
+         : c.kv == KvMem::padded    ? "_pad"
+                                    : "");
   return os.str();
 }
 
@@ -60,6 +76,23 @@ std::vector<OpCase> cases() {
       {DType::bf16, 128, 16, 1, 8, 8, P::quant, {300, 48}, false, true},
       {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true, true},
       {DType::f16, 64, 16, 2, 2, 8, P::fp32, {100, 33}, false, true},
+      // Strided caches: the V1 runner's interleaved K/V (the GLM/Llama serving shapes and d
+      // 256) and padded blocks (CUDA-core scoring, fp32 summaries, the CPU-only page size 4).
+      {DType::bf16,
+       128,
+       16,
+       2,
+       4,
+       8,
+       P::quant,
+       {37, 16, 200, 513},
+       true,
+       false,
+       KvMem::interleaved},
+      {DType::bf16, 128, 16, 1, 8, 8, P::quant, {300, 48}, false, false, KvMem::interleaved},
+      {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}, false, false, KvMem::interleaved},
+      {DType::f16, 64, 16, 2, 1, 4, P::fp32, {100, 33}, false, false, KvMem::padded},
+      {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}, false, false, KvMem::padded},
   };
 }
 
@@ -213,15 +246,12 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {
     sp.seed = 7 + c.head_dim + c.page_size;
     t_ = make_cache(sp);
     const CacheLayout& L = t_.layout();
-    const size_t kv_bytes = size_t(L.num_blocks) * L.block_elems() * dtype_size(L.dtype);
-    k_ = std::make_unique<Dev>(be_.get(), t_.view().k, kv_bytes);
-    v_ = std::make_unique<Dev>(be_.get(), t_.view().v, kv_bytes);
+    put_cache(c.kv);
     const BatchView& hb = t_.bv();
     bt_ = std::make_unique<Dev>(be_.get(), hb.block_table,
                                 size_t(hb.batch_size) * hb.block_table_stride * 4);
     lens_ = std::make_unique<Dev>(be_.get(), hb.seq_lens, size_t(hb.batch_size) * 4);
     q_ = std::make_unique<Dev>(be_.get(), t_.q.data(), t_.q.size() * 4);
-    cache_ = {k_->p, v_->p, L};
     batch_ = hb;
     batch_.block_table = bt_->as<int32_t>();
     batch_.seq_lens = lens_->as<int32_t>();
@@ -233,6 +263,36 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {
       qweight_.resize(size_t(c.kv_heads) * c.head_dim);
       for (float& x : qweight_) x = std::exp(n(rng));
     }
+  }
+
+  // The host cache's K/V in backend memory as `kv` says; sets cache_. The reference reads the
+  // dense host copy (t_.view()).
+  void put_cache(KvMem kv) {
+    const CacheLayout& L = t_.layout();
+    const int64_t E = L.block_elems(), N = L.num_blocks;
+    const size_t es = size_t(dtype_size(L.dtype)), eb = size_t(E) * es;
+    if (kv == KvMem::dense) {
+      k_ = std::make_unique<Dev>(be_.get(), t_.view().k, size_t(N) * eb);
+      v_ = std::make_unique<Dev>(be_.get(), t_.view().v, size_t(N) * eb);
+      cache_ = {k_->p, v_->p, L};
+      return;
+    }
+    const int64_t stride = kv == KvMem::interleaved ? 2 * E : E + kPad;
+    const size_t sb = size_t(stride) * es;
+    std::vector<uint8_t> h(size_t(N) * sb, 0xff);  // 0xff..: NaN in f32, f16 and bf16
+    if (kv == KvMem::interleaved) {
+      scatter_blocks(h.data(), t_.view().k, N, eb, sb);
+      scatter_blocks(h.data() + eb, t_.view().v, N, eb, sb);
+      k_ = std::make_unique<Dev>(be_.get(), h.data(), h.size());
+      cache_ = {k_->p, static_cast<char*>(k_->p) + eb, L, stride};
+      return;
+    }
+    scatter_blocks(h.data(), t_.view().k, N, eb, sb);
+    k_ = std::make_unique<Dev>(be_.get(), h.data(), h.size());
+    std::fill(h.begin(), h.end(), uint8_t(0xff));
+    scatter_blocks(h.data(), t_.view().v, N, eb, sb);
+    v_ = std::make_unique<Dev>(be_.get(), h.data(), h.size());
+    cache_ = {k_->p, v_->p, L, stride};
   }
 
   // Bulk build of every full page on the backend; the host copy checked against the reference.
@@ -463,6 +523,92 @@ TEST_P(BackendOps, RunCallsRejectCallsOutsideThePlan) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, BackendOps, ::testing::ValuesIn(cases()),
                          [](const testing::TestParamInfo<OpCase>& i) { return name_of(i.param); });
+
+// Block strides at the boundary (kv_cache.h: validate_cache): every op that reads the cache
+// refuses, with InvalidArgument and before writing anything, a stride below one block, K and
+// V sharing memory, and a stride whose offsets overflow; a 16-byte-unaligned stride is read by
+// the CPU backend (checked against the reference) and refused by the CUDA one.
+TEST(BackendCacheViews, BlockStridesAreCheckedAtTheBoundary) {
+  auto be = make_backend();
+  if (!be->unavailable().empty()) GTEST_SKIP() << be->unavailable();
+  CacheSpec sp;
+  sp.dtype = DType::bf16;
+  sp.page_size = 16;
+  sp.num_kv_heads = 2;
+  sp.num_q_heads = 4;
+  sp.head_dim = 64;
+  sp.seq_lens = {40, 17};
+  TestCache t = make_cache(sp);
+  const CacheLayout& L = t.layout();
+  const int64_t E = L.block_elems(), N = L.num_blocks;
+  const size_t eb = size_t(E) * 2;
+  // One allocation with room for every view below: N blocks 2E + 8 elements apart, K at 0.
+  const int64_t wide = 2 * E + 8;
+  std::vector<uint8_t> h(size_t(N * wide + E) * 2, 0);
+  Dev mem(be.get(), h.data(), h.size());
+  char* base = static_cast<char*>(mem.p);
+  const SummaryLayout sl = summary_layout_for(L, 8, Precision::quant);
+  Summaries s(be.get(), sl);
+  DecodeParams p;
+  p.cache = L;
+  p.summary = sl;
+  p.num_q_heads = sp.num_q_heads;
+  p.max_batch = t.bv().batch_size;
+  p.max_blocks_per_seq = t.max_blocks();
+  p.select = {sp.page_size, 0, 0};
+  const DecodePlan plan = be->plan(p);
+  Dev ws(be.get(), plan.workspace_bytes), out(be.get(), size_t(2) * 4 * 64 * 4),
+      lse(be.get(), size_t(2) * 4 * 4);
+  const BatchView& hb = t.bv();
+  Dev bt(be.get(), hb.block_table, size_t(hb.batch_size) * hb.block_table_stride * 4);
+  Dev lens(be.get(), hb.seq_lens, size_t(hb.batch_size) * 4);
+  Dev q(be.get(), t.q.data(), t.q.size() * 4);
+  BatchView bv = hb;
+  bv.block_table = bt.as<int32_t>();
+  bv.seq_lens = lens.as<int32_t>();
+  const std::vector<int32_t> ids = t.full_blocks();
+  Dev dids(be.get(), ids.data(), ids.size() * 4);
+  const int32_t slots[] = {15, -1};
+  Dev dslots(be.get(), slots, sizeof(slots));
+  const QueryView qv{q.as<float>(), sp.num_q_heads};
+  const AttentionOutput ao{out.as<float>(), lse.as<float>()};
+  auto refused = [&](const KvCacheView& c, const std::string& what) {
+    SCOPED_TRACE(what);
+    s.poison(be.get());
+    const std::vector<uint8_t> before = s.arrays[0]->read<uint8_t>(s.arrays[0]->bytes);
+    EXPECT_THROW(be->attention_dense(plan, {ws.p, plan.workspace_bytes}, c, bv, qv, ao),
+                 InvalidArgument);
+    EXPECT_THROW(be->decode(plan, {ws.p, plan.workspace_bytes}, c, s.dev, bv, qv, ao, nullptr),
+                 InvalidArgument);
+    EXPECT_THROW(be->summary_build(c, dids.as<int32_t>(), int64_t(ids.size()), s.dev),
+                 InvalidArgument);
+    EXPECT_THROW(be->summary_build_filled(c, bv, 1, s.dev), InvalidArgument);
+    EXPECT_THROW(be->summary_build_slots(c, dslots.as<int32_t>(), 2, s.dev), InvalidArgument);
+    be->finish();
+    EXPECT_EQ(s.arrays[0]->read<uint8_t>(s.arrays[0]->bytes), before) << "summaries written";
+  };
+  refused({base, base + N * eb, L, E - 8}, "block stride below one block");
+  refused({base, base, L, 2 * E}, "V = K");
+  refused({base, base + eb, L}, "dense stride, V one block after K (K block 1 = V block 0)");
+  refused({base, base + eb / 2, L, 2 * E}, "interleaved, V half a block after K");
+  refused({base, base + eb, L, std::numeric_limits<int64_t>::max() / 2}, "stride overflows");
+
+  // Unaligned: blocks E + 4 elements (8 bytes) apart, K and V interleaved.
+  const int64_t odd = 2 * E + 4;
+  scatter_blocks(h.data(), t.view().k, N, eb, size_t(odd) * 2);
+  scatter_blocks(h.data() + eb, t.view().v, N, eb, size_t(odd) * 2);
+  be->put(mem.p, h.data(), h.size());
+  const KvCacheView unaligned{base, base + eb, L, odd};
+  if (be->kind() == Backend::cuda) {
+    refused(unaligned, "block stride not a multiple of 16 bytes (CUDA)");
+  } else {
+    be->attention_dense(plan, {ws.p, plan.workspace_bytes}, unaligned, bv, qv, ao);
+    be->finish();
+    const std::vector<float> oh = out.read<float>(size_t(2) * 4 * 64),
+                             lh = lse.read<float>(size_t(2) * 4);
+    expect_attention_match(t, nullptr, oh.data(), lh.data(), be->arith(sp.dtype));
+  }
+}
 
 // 1,000 plan / run cycles over varying batch shapes and budgets with one caller-owned
 // workspace (sized once for the largest plan): the process's memory stays flat, i.e. no

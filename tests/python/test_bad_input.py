@@ -52,6 +52,13 @@ def plan_args(**over):
     return list(a.values())
 
 
+def _one_block_apart(a):
+    """K and V in one buffer of NB + 1 blocks, V starting one block after K: they share NB - 1
+    blocks (K block j + 1 is V block j)."""
+    buf = torch.cat([a["k"], a["v"][:1]])
+    return dict(k=buf[:NB], v=buf[1:])
+
+
 def meta(t):
     return t.to("meta")
 
@@ -98,6 +105,17 @@ CASES = [
     ("v_shape_differs", lambda a: att(a, v=a["v"][:, :8].contiguous()), ValueError, "v_cache"),
     ("v_dtype_differs", lambda a: att(a, v=a["v"].bfloat16()), ValueError, "v_cache"),
     ("k_int8", lambda a: L.summary_build(a["k"].to(torch.int8), torch.arange(NB, dtype=torch.int32), a["s"]), ValueError, "k_cache"),
+    # block strides (kv_cache.h): blocks [P, H, d] contiguous, any block stride >= P * H * d, the
+    # same for K and V, K and V disjoint
+    ("k_block_not_contiguous", lambda a: att(a, k=a["k"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, r"k_cache: each block .* must be contiguous"),
+    ("v_block_not_contiguous", lambda a: att(a, v=a["v"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError, r"v_cache: each block .* must be contiguous"),
+    ("build_k_block_not_contiguous", lambda a: L.summary_build(a["k"].transpose(1, 2).contiguous().transpose(1, 2), torch.arange(NB, dtype=torch.int32), a["s"]), ValueError, "k_cache: each block"),
+    ("k_blocks_overlap", lambda a: att(a, k=a["k"].as_strided(a["k"].shape, (P * H * D // 2, H * D, D, 1))), ValueError, "k_cache: block stride .* below one block"),
+    ("k_block_stride_0", lambda a: att(a, k=a["k"][:1].expand(NB, P, H, D)), ValueError, "k_cache: block stride 0"),
+    ("update_k_blocks_overlap", lambda a: L.summary_update(a["k"].as_strided(a["k"].shape, (64, H * D, D, 1)), a["bt"], a["sl"], None, a["s"]), ValueError, "k_cache: block stride"),
+    ("v_block_stride_differs", lambda a: att(a, v=torch.stack([a["v"], a["v"]], 1)[:, 0]), ValueError, "v_cache: block stride .* differs"),
+    ("v_is_k", lambda a: att(a, v=a["k"]), ValueError, "overlap"),
+    ("v_one_block_into_k", lambda a: att(a, **_one_block_apart(a)), ValueError, "overlap"),
     # a 4th tensor is read as the query weights [H, d] (summary.h): named when it is not one
     ("summaries_4_tensors", lambda a: sel(a, s=a["s"] + [a["s"][0]]), ValueError,
      r"summaries\[-1\] \(qweight\): expected 2 dimensions"),

@@ -89,6 +89,12 @@ CASES = [
     ("pages_past_capacity", "att(pages=torch.zeros(B, H, w.capacity + 1, dtype=torch.int32, device='cuda'), counts=counts)", "ValueError", "capacity"),
     ("workspace_too_small", "sel(ws=ws[:256])", "ValueError", "workspace"),
     ("slot_mapping_int64", "L.summary_update(k, bt, sl, torch.tensor([15], device='cuda'), s)", "ValueError", "slot_mapping"),
+    # block strides (kv_cache.h): the CUDA kernels' 16-byte loads need every block 16-byte
+    # aligned (bf16: a stride that is a multiple of 8 elements); K and V disjoint
+    ("block_stride_unaligned", "att(k=torch.empty(NB * (P*H*D + 4), dtype=torch.bfloat16, device='cuda').as_strided(k.shape, (P*H*D + 4, H*D, D, 1)), v=torch.empty(NB * (P*H*D + 4), dtype=torch.bfloat16, device='cuda').as_strided(k.shape, (P*H*D + 4, H*D, D, 1)))", "ValueError", "16 bytes"),
+    ("build_block_stride_unaligned", "L.summary_build(torch.empty(NB * (P*H*D + 4), dtype=torch.bfloat16, device='cuda').as_strided(k.shape, (P*H*D + 4, H*D, D, 1)), torch.arange(NB, dtype=torch.int32, device='cuda'), s)", "ValueError", "16-byte aligned"),
+    ("k_block_not_contiguous", "att(k=k.transpose(1, 2).contiguous().transpose(1, 2))", "ValueError", "k_cache: each block"),
+    ("v_is_k", "att(v=k)", "ValueError", "overlap"),
     # device-side values (no host sync to check them): no fault, the context stays usable
     ("block_id_out_of_range", "att(bt=torch.full_like(bt, NB + 1000))", None, "", [0, 1]),
     ("block_id_negative", "att(bt=torch.full_like(bt, -5))", None, "", [0, 1]),

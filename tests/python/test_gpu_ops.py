@@ -161,6 +161,54 @@ def test_cuda_attention_within_derived_bounds(d, H, Hq, dtype, budget):
     assert_attention_close(og, lg, ref, dtype)
 
 
+def _strided(x, layout):
+    """x [N, P, H, d] on DEV with a block stride: "v1" = kv[:, 0] of an [N, 2, P, H, d] cache
+    (vLLM's V1 model runner: block stride 2 P H d; the other half NaN), "padded" = blocks
+    P H d + 64 elements apart (NaN between them)."""
+    N, e = x.shape[0], x[0].numel()
+    if layout == "v1":
+        kv = torch.full((N, 2, *x.shape[1:]), float("nan"), dtype=x.dtype, device=DEV)
+        kv[:, 0] = x
+        return kv[:, 0]
+    buf = torch.full((N * (e + 64),), float("nan"), dtype=x.dtype, device=DEV)
+    view = buf.as_strided(x.shape, (e + 64, *x.stride()[1:]))
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.parametrize("layout", ["v1", "padded"])
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES + [(256, 1, 4, torch.bfloat16)])
+def test_cuda_strided_cache_gives_the_dense_results_bit_for_bit(d, H, Hq, dtype, layout):
+    """A K/V cache with a block stride (KvCacheView::block_stride; issue #10: vLLM's V1 model
+    runner interleaves K and V per block) gives the dense cache's results bit for bit: bulk
+    and filled summary builds (both rules), selection on those summaries, the sparse step and
+    dense attention."""
+    k, v, bt, sl, q = [t.to(DEV) for t in paged(H=H, Hq=Hq, d=d, dtype=dtype)]
+    nb, mb = k.shape[0], bt.shape[1]
+    ks, vs = _strided(k, layout), _strided(v, layout)
+    assert not ks.is_contiguous() and torch.equal(ks, k) and ks.stride(0) != k.stride(0)
+    full = full_blocks(bt.cpu(), sl.cpu()).to(DEV)
+    lens = (sl // P) * P
+    slots = torch.cat([(full.long() * P + P - 1).to(torch.int32),
+                       torch.tensor([-1, 5], dtype=torch.int32, device=DEV)])
+    res = []
+    for kk, vv in ((k, v), (ks, vs)):
+        s = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+        ops.summary_build(kk, full, s)
+        by_lens = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+        ops.summary_update(kk, bt, lens, by_lens)
+        by_slots = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+        ops.summary_update(kk, bt, lens, by_slots, slot_mapping=slots)
+        w = wrapper(DEV, 4, Hq, H, d, nb, mb, 512, "int4", dtype)
+        o, l = w.run(q, kk, vv, s, bt, sl)
+        od, ld = w.run(q, kk, vv, s, bt, sl, dense=True)
+        torch.cuda.synchronize()
+        res.append([*s, *by_lens, *by_slots, o.clone(), l.clone(), od.clone(), ld.clone()])
+    assert not any(torch.isnan(t).any() for t in res[0] if t.is_floating_point())
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
 def _opcheck_cases():
     k, v, bt, sl, q = [t.to(DEV) for t in paged(B=2, lens=(70, 33), d=128)]
     H, d = 2, 128

@@ -144,6 +144,48 @@ def test_dense_and_sparse_decode_match_reference(dtype):
     torch.testing.assert_close(lse.double(), rl, rtol=1e-4, atol=1e-4)
 
 
+def strided(x, layout):
+    """x [N, P, H, d] as a view with a block stride: "v1" K = kv[:, 0] of an [N, 2, P, H, d]
+    cache (vLLM's V1 model runner; the other half NaN), "padded" blocks 64 elements apart
+    beyond their size (NaN between them)."""
+    N = x.shape[0]
+    if layout == "v1":
+        kv = torch.full((N, 2, *x.shape[1:]), math.nan, dtype=x.dtype)
+        kv[:, 0] = x
+        return kv[:, 0]
+    e = x[0].numel()
+    buf = torch.full((N * (e + 64),), math.nan, dtype=x.dtype)
+    view = buf.as_strided(x.shape, (e + 64, *x.stride()[1:]))
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.parametrize("layout", ["v1", "padded"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_cache_gives_the_dense_results_bit_for_bit(dtype, layout):
+    nb, mb = 24, 10
+    k, v = make_cache(nb, dtype)
+    ks, vs = strided(k, layout), strided(v, layout)
+    assert not ks.is_contiguous() and torch.equal(ks, k)
+    bt, lens = batch(nb, [150, 37], mb)
+    q = torch.randn(2, 3 * H, D, generator=torch.Generator().manual_seed(3))
+    assert all(torch.equal(a, b) for a, b in zip(ops.dense_decode(q, ks, vs, bt, lens),
+                                                  ops.dense_decode(q, k, v, bt, lens)))
+    s1, s2 = (ops.new_summaries(nb, H, D, P, 8, precision="int4") for _ in range(2))
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s1)
+    ops.summary_build(ks, torch.arange(nb, dtype=torch.int32), s2)
+    assert all(torch.equal(a, b) for a, b in zip(s1, s2))
+    pages, counts = ops.select_pages(q, s1, bt, lens, 48)
+    assert all(torch.equal(a, b) for a, b in zip(ops.sparse_decode(q, ks, vs, bt, lens, pages, counts),
+                                                  ops.sparse_decode(q, k, v, bt, lens, pages, counts)))
+    # The slot-mapping update (vLLM's path) reads the strided K too.
+    u1, u2 = (ops.new_summaries(nb, H, D, P, 8) for _ in range(2))
+    slots = torch.tensor([5 * P + P - 1, -1, 7 * P + 3], dtype=torch.int32)
+    ops.summary_update(k, bt, lens, u1, slot_mapping=slots)
+    ops.summary_update(ks, bt, lens, u2, slot_mapping=slots)
+    assert all(torch.equal(a, b) for a, b in zip(u1, u2)) and u2[0][5].abs().sum() > 0
+
+
 def test_select_full_rank_equals_exact_mass_selection():
     nb, mb = 40, 20
     k, v = make_cache(nb)

@@ -39,9 +39,20 @@ def torch_flash_varlen(*, q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, m
                 out[i, h] = (w @ vv[: pos + 1, h // G]).to(out.dtype)
 
 
-def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None):
+def v1_layout(kv: torch.Tensor) -> torch.Tensor:
+    """What vLLM 0.26's V1 model runner does to this backend's [2, N, P, H, d] cache
+    (GPUModelRunner._update_hybrid_attention_mamba_layout, applied because the side cache's
+    blocks-first layout and ours differ: _has_mixed_attention_kv_layout): blocks first in
+    memory, K and V interleaved per block, so kv[0] has block stride 2 * P * H * d."""
+    hidden = kv.shape[2:].numel()
+    return kv.as_strided_(size=kv.shape, stride=(hidden, 2 * hidden, *kv.stride()[2:]))
+
+
+def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None,
+               runner="v2"):
     """One attention layer (impl + side cache + builder) over a CPU cache of NB blocks;
-    ops: the `locks` functions to use (default: the torch reference)."""
+    ops: the `locks` functions to use (default: the torch reference); runner: the KV-cache
+    layout of vLLM's V2 ("v2", as the backend asks) or V1 ("v1", v1_layout) model runner."""
     cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
                       cudagraph_mode=cudagraph_mode)
     monkeypatch.setattr(im, "get_current_vllm_config", lambda: cfg)
@@ -51,6 +62,8 @@ def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=
     spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
     builder = bd.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
     kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
+    if runner == "v1":
+        kv = v1_layout(kv)
     impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
     return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
 
@@ -94,8 +107,10 @@ def check_summaries(s, blocks):
         assert torch.allclose(mu[b], want[0][b]) and torch.allclose(coeff[b].abs(), want[2][b].abs(), atol=1e-5)
 
 
-def test_prefill_then_sparse_decode(setup):
-    s = setup({"precision": "fp32", "budget": 64})
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_prefill_then_sparse_decode(setup, runner):
+    s = setup({"precision": "fp32", "budget": 64}, runner=runner)
+    assert s.kv[0].is_contiguous() == (runner == "v2")
     bt, gen = tables(), torch.Generator().manual_seed(0)
     # Prefill (FlashAttention path), ragged: 100 and 37 tokens.
     cm, md, q, out = step(s, bt, [100, 37], [100, 37], gen)
@@ -181,17 +196,31 @@ def test_kv_layout_gives_contiguous_k_and_v():
     assert kv[0].is_contiguous() and kv[1].is_contiguous() and tuple(kv[0].shape) == (10, P, H, D)
 
 
-def test_strided_kv_cache_refused_with_the_runner_named(setup):
-    # The V1 model runner's layout (measured on the H200): K and V of a block interleaved, so
-    # kv_cache[0] is strided. The impl refuses it by name instead of failing inside an op.
+def test_v1_runner_layout_is_read_with_a_block_stride():
+    kv = v1_layout(torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(10, P, H, D)))
+    k, v = kv[0], kv[1]
+    assert k.stride() == (2 * P * H * D, H * D, D, 1) and v.storage_offset() == P * H * D
+    assert im.kv_layout_problem(k, v) is None
+
+
+@pytest.mark.parametrize("layout, why", [
+    # Heads before tokens inside a block (an HND cache): a block is not contiguous.
+    ("hnd", "block .* is not contiguous"),
+    # vLLM's own FLASH_ATTN layout, K and V packed in the last dim ([N, P, H, 2d]).
+    ("packed", "block .* is not contiguous"),
+])
+def test_kv_layouts_the_kernels_cannot_read_are_refused(setup, layout, why):
     s = setup({"precision": "fp32", "budget": 64})
-    blocked = torch.zeros(NB, 2, P, H, D, dtype=torch.bfloat16).transpose(0, 1)
-    assert not blocked[0].is_contiguous()
+    if layout == "hnd":
+        kv = torch.zeros(2, NB, H, P, D, dtype=torch.bfloat16).transpose(2, 3)
+    else:
+        kv = torch.zeros(NB, P, H, 2 * D, dtype=torch.bfloat16).view(NB, P, H, 2, D).permute(3, 0, 1, 2, 4)
+    assert tuple(kv.shape) == (2, NB, P, H, D)
     cm = common_metadata([37, 20], [37, 20], tables())
     n = cm.num_actual_tokens
     md = s.builder.build(0, cm)
     q = torch.zeros(n, HQ, D, dtype=torch.bfloat16)
     kv_new = torch.zeros(n, H, D, dtype=torch.bfloat16)
     out = torch.zeros(n, HQ * D, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="VLLM_USE_V2_MODEL_RUNNER"):
-        s.impl.forward(LAYER, q, kv_new, kv_new, blocked, md, out)
+    with pytest.raises(NotImplementedError, match=why):
+        s.impl.forward(LAYER, q, kv_new, kv_new, kv, md, out)

@@ -26,13 +26,14 @@ def _reset_ops():
     lib.set_ops(None)
 
 
-def _make(monkeypatch, locks_cfg):
-    return tb.make_setup(monkeypatch, locks_cfg, ops=locks)
+def _make(monkeypatch, locks_cfg, runner="v2"):
+    return tb.make_setup(monkeypatch, locks_cfg, ops=locks, runner=runner)
 
 
+@pytest.mark.parametrize("runner", ["v2", "v1"])
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_real_ops_sparse_decode_matches_reference_over_selected_pages(monkeypatch, precision):
-    s = _make(monkeypatch, {"precision": precision, "budget": 64})
+def test_real_ops_sparse_decode_matches_reference_over_selected_pages(monkeypatch, precision, runner):
+    s = _make(monkeypatch, {"precision": precision, "budget": 64}, runner)
     bt, gen = tables(), torch.Generator().manual_seed(0)
     step(s, bt, [100, 37], [100, 37], gen)
     if precision == "fp32":  # the operators' summaries of the filled blocks: centroids exact
@@ -52,9 +53,29 @@ def test_real_ops_sparse_decode_matches_reference_over_selected_pages(monkeypatc
     assert (want[0] - dense[0]).abs().max() > 1e-2              # really sparse
 
 
-def test_real_ops_budget_at_least_context_is_dense(monkeypatch):
-    s = _make(monkeypatch, {"precision": "int4", "budget": 512})
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_real_ops_budget_at_least_context_is_dense(monkeypatch, runner):
+    s = _make(monkeypatch, {"precision": "int4", "budget": 512}, runner)
     bt, gen = tables(), torch.Generator().manual_seed(1)
     step(s, bt, [90, 200], [90, 200], gen)
     cm, md, q, out = step(s, bt, [1, 1], [91, 201], gen)
     assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7
+
+
+def test_real_ops_v1_and_v2_layouts_give_the_same_bits(monkeypatch):
+    """The V1 runner's interleaved cache (block stride 2 * 16 * H * d) and the V2 runner's dense
+    halves hold the same K/V: summaries, selection and output are identical."""
+    res = []
+    for runner in ("v2", "v1"):
+        s = _make(monkeypatch, {"precision": "int4", "budget": 64}, runner)
+        bt, gen = tables(), torch.Generator().manual_seed(5)
+        step(s, bt, [100, 37], [100, 37], gen)
+        _, md, _, out = step(s, bt, [1, 1], [101, 38], gen)
+        res.append((out.clone(), md.bufs.pages[:2].clone(), md.bufs.counts[:2].clone(),
+                    [t.clone() for t in s.impl.side.summaries()]))
+    (o2, p2, c2, s2), (o1, p1, c1, s1) = res
+    assert torch.equal(o1, o2) and torch.equal(c1, c2)
+    for i in range(2):
+        for h in range(H):
+            assert torch.equal(p1[i, h, : int(c1[i, h])], p2[i, h, : int(c2[i, h])])
+    assert all(torch.equal(a, b) for a, b in zip(s1, s2))

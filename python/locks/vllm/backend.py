@@ -8,18 +8,22 @@
 - Every step (prefill or decode) rebuilds the summary of each block whose last slot it wrote
   (`locks.summary_update(..., slot_mapping=...)`), into the side-cache layer (side_cache.py).
 
-KV-cache layout: [2, num_blocks, block_size, num_kv_heads, head_size], so that K = kv_cache[0] and
-V = kv_cache[1] are each contiguous [num_blocks, P, H, d] (the layout the LOCKS kernels take).
-vLLM 0.26's FLASH_ATTN packs K and V into the last dim ([N, P, H, 2d] physically), which gives
-strided K/V; FlashAttention reads either layout, the LOCKS kernels only the contiguous one.
+KV-cache layout: [2, num_blocks, block_size, num_kv_heads, head_size], K = kv_cache[0] and
+V = kv_cache[1], each [num_blocks, P, H, d] with every block [P, H, d] contiguous. The V2 model
+runner allocates it as asked (dense halves). The V1 runner (VLLM_USE_V2_MODEL_RUNNER=0) sees two
+block layouts in one KV-cache group (this backend's K/V-first shape, block dim 1, and the side
+cache's blocks-first one, block dim 0: GPUModelRunner._has_mixed_attention_kv_layout) and
+re-strides this layer's cache blocks-first (_update_hybrid_attention_mamba_layout): [N, 2, P, H,
+d] physically, K and V interleaved per block, so kv_cache[0] has block stride 2 * P * H * d. The
+LOCKS kernels read K/V at any block stride (KvCacheView::block_stride), so both runners are
+served. (vLLM 0.26's FLASH_ATTN packs K and V into the last dim, [N, P, H, 2d]: rows inside a
+block are then strided, which the LOCKS kernels do not read; not this backend's layout.)
 
 Graph safety: the metadata builder runs outside the graph every step and writes the persistent
 buffers (int32 slot mapping, block table, seq_lens); in-graph work reads only those, the
 summaries, the cache and the wrapper's workspace, all allocated once.
 """
 from __future__ import annotations
-
-import os
 
 from typing import ClassVar
 
@@ -118,12 +122,6 @@ class LocksAttentionBackend(AttentionBackend):
             r.append("prefill context parallelism is not supported by LOCKS")
         if device_capability is not None and not cls.supports_compute_capability(device_capability):
             r.append(f"compute capability {device_capability} < 8.0 not supported by LOCKS")
-        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip() in ("0", "false", "False"):
-            # Measured on the H200 (2026-12-02, docs/vllm.md): the V1 runner hands this backend a
-            # KV cache whose K half is not contiguous, which the LOCKS kernels do not read.
-            r.append("VLLM_USE_V2_MODEL_RUNNER=0 (the V1 model runner) is not supported by LOCKS: its "
-                     "KV-cache layout is not the contiguous [2, N, 16, H, d] the kernels read; unset "
-                     "VLLM_USE_V2_MODEL_RUNNER")
         return r
 
 

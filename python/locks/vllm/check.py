@@ -140,8 +140,9 @@ def smollm2_folder() -> str:
 
 def smoke(args) -> int:
     """Minutes-cheap: a 2-layer dummy-weight Llama (16/4 heads, d 128) through FLASH_ATTN and LOCKS
-    (dense budget and budget 64), full decode graphs, V2 then V1 runner; the plugin loads,
-    captures and decodes. Dummy weights make near-tied logits, so token agreement is printed,
+    (dense budget and budget 64), full decode graphs, V2 then V1 runner (V1: the KV cache is
+    K/V interleaved per block, read with a block stride; the engine log has the strides the
+    impl saw: "LOCKS: KV cache K half"); the plugin loads, captures and decodes. Dummy weights make near-tied logits, so token agreement is printed,
     not required."""
     d = tempfile.mkdtemp(prefix="tinyllama_")
     # Heads "q/kv" ($LOCKS_VLLM_SMOKE_HEADS): e.g. 8/1 is one rank's shard of Llama-3.1-70B at
@@ -161,7 +162,7 @@ def smoke(args) -> int:
     for runner in os.environ.get("LOCKS_VLLM_SMOKE_RUNNERS", "1,0").split(","):  # V2, V1
         env = {"VLLM_USE_V2_MODEL_RUNNER": runner}
         fa = run_engine(f"smoke-v{2 if runner == '1' else 1}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs, env, args.out)
-        for budget in ((8192, 64) if runner == "1" else (64,)):
+        for budget in (8192, 64):  # dense (LOCKS kernels, every page) and sparse
             lk = run_engine(f"smoke-v{2 if runner == '1' else 1}-locks-b{budget}",
                             dict(kw, attention_backend="CUSTOM", additional_config={"locks": {"budget": budget}}),
                             runs, env, args.out)

@@ -20,6 +20,39 @@ except Exception:  # noqa: BLE001
     flash_attn_varlen_func = None
 
 
+def kv_layout_problem(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
+    """Why the LOCKS kernels cannot read this K/V pair, or None. They read blocks
+    [16, H, d] that are each contiguous, any block stride >= 16 * H * d apart, the same for K
+    and V: the V2 runner's [2, N, 16, H, d] cache (dense halves) and the V1 runner's, which
+    interleaves K and V per block ([N, 2, 16, H, d] physically: block stride 2 * 16 * H * d)."""
+    for name, t in (("K", k_cache), ("V", v_cache)):
+        want = 1
+        for i in (3, 2, 1):
+            if t.shape[i] != 1 and t.stride(i) != want:
+                return f"a {name} block [16, H, d] is not contiguous ({name} strides {tuple(t.stride())})"
+            want *= t.shape[i]
+        if t.shape[0] > 1 and t.stride(0) < want:
+            return f"{name} blocks overlap ({name} strides {tuple(t.stride())})"
+    if k_cache.shape[0] > 1 and k_cache.stride(0) != v_cache.stride(0):
+        return f"K and V have different block strides ({k_cache.stride(0)}, {v_cache.stride(0)})"
+    return None
+
+
+_logged_layout = False
+
+
+def _log_layout_once(k_cache: torch.Tensor) -> None:
+    global _logged_layout
+    if not _logged_layout:
+        _logged_layout = True
+        from vllm.logger import init_logger
+
+        dense = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
+        init_logger(__name__).info("LOCKS: KV cache K half shape %s strides %s (block stride %d, "
+                                   "dense %d)", tuple(k_cache.shape), tuple(k_cache.stride()),
+                                   k_cache.stride(0), dense)
+
+
 def _attention_prefix() -> str | None:
     """The prefix of the Attention layer being built: vLLM constructs the impl inside
     Attention.__init__ (which has `prefix`) and passes no layer name to the impl."""
@@ -99,13 +132,13 @@ class LocksAttentionImpl(FlashAttentionImpl):
             reshape_and_cache_flash(key, value, k_cache, v_cache, slot_mapping, self.kv_cache_dtype,
                                     layer._k_scale, layer._v_scale)
             return
-        n = slot_mapping.shape[0]  # CPU (tests): a plain scatter
+        n = slot_mapping.shape[0]  # CPU (tests): a plain scatter (K/V may be strided: V1 runner)
         sm = slot_mapping.to(torch.int64)
         keep = sm >= 0
-        kf = k_cache.view(-1, self.num_kv_heads, self.head_size)
-        vf = v_cache.view(-1, self.num_kv_heads, self.head_size)
-        kf[sm[keep]] = key[:n][keep].to(kf.dtype)
-        vf[sm[keep]] = value[:n][keep].to(vf.dtype)
+        P = k_cache.shape[1]
+        blk, off = sm[keep] // P, sm[keep] % P
+        k_cache[blk, off] = key[:n][keep].to(k_cache.dtype)
+        v_cache[blk, off] = value[:n][keep].to(v_cache.dtype)
 
     # -- attention ---------------------------------------------------------------------------
     def plan_for(self, b: "DecodeBuffers", num_blocks: int, kv_dtype: torch.dtype, device) -> None:
@@ -132,12 +165,14 @@ class LocksAttentionImpl(FlashAttentionImpl):
             return output.fill_(0)
         md: LocksMetadata = attn_metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        why = kv_layout_problem(k_cache, v_cache)
+        if why:
             raise NotImplementedError(
-                "LOCKS: vLLM laid this layer's KV cache out with a strided K/V half "
-                f"(K strides {tuple(k_cache.stride())}); the LOCKS kernels read a contiguous "
-                "[2, num_blocks, 16, H, d] cache. This happens with the V1 model runner "
-                "(VLLM_USE_V2_MODEL_RUNNER=0): use the default V2 runner")
+                f"LOCKS: vLLM laid this layer's KV cache out in a way the LOCKS kernels do not read: "
+                f"{why}. They read contiguous [16, H, d] blocks at any block stride (the V2 "
+                "runner's [2, N, 16, H, d], the V1 runner's K/V interleaved per block); use "
+                "--attention-backend FLASH_ATTN for this configuration")
+        _log_layout_once(k_cache)
         summaries = self.side.summaries()
         n = query.shape[0]
         # Rebuild the summary of every block whose last slot this step wrote (decode, chunked
