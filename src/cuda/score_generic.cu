@@ -1,4 +1,5 @@
-// Page scoring on the CUDA cores (fp32 summaries, or quant summaries of a rank other than 8):
+// Page scoring on the CUDA cores (fp32 summaries, or quant summaries of a rank other than 8 or
+// with a basis scale group the tensor-core kernel has no instance for: score.cu):
 // one block of 4 warps per (128-page chunk, KV head, sequence), one warp per page; the
 // summary is staged (dequantized) in shared memory, then V q, q.mu and each key's logit
 // in fp32 and the page's log-sum-exp by half-warp shuffles. Any head_dim and GQA group that
@@ -61,7 +62,8 @@ __global__ void __launch_bounds__(kGenWarps * 32)
       } else {
         const uint8_t byte = S.basis_q[(bh * r + k) * (d / 2) + c / 2];
         const int code = (c & 1) ? (int(int8_t(byte)) >> 4) : (int(int8_t(byte << 4)) >> 4);
-        x = float(code) * S.basis_scale[bh * r + k];
+        const int ng = d / S.basis_group;  // scale of dim c's group (summary.h)
+        x = float(code) * S.basis_scale[(bh * r + k) * ng + c / S.basis_group];
       }
       // Query-weighted summaries: basis_k . (q / w) = (basis_k / w) . q.
       rows[k * ld + c] = S.qweight ? x / S.qweight[int64_t(h) * d + c] : x;
