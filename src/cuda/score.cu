@@ -32,6 +32,10 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
   LOCKS_REQUIRE(chunk_pages == 128 || chunk_pages == 64 || chunk_pages == 32, "score chunk of ",
                 chunk_pages, " pages");
   if (score_uses_tensor_cores(L, Hq / L.num_kv_heads)) {
+    // The kernel stages the basis and coefficient scales with 16-byte copies.
+    const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+    LOCKS_REQUIRE(a16(s.basis_scale) && a16(s.coeff_scale),
+                  "tensor-core scoring needs 16-byte aligned basis_scale and coeff_scale");
     launch_score_mma(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
   } else {
     LOCKS_REQUIRE(chunk_pages == kScoreChunk, "the CUDA-core scoring path uses 128-page chunks");
