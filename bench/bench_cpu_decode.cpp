@@ -75,9 +75,10 @@ struct Setup {
     const int d = kHeadDim, r = kRank, P = kPageSize;
     for (int64_t bh = 0; bh < l.num_blocks * kKvHeads; ++bh)
       locks::summary_quantize(f.mu + bh * d, f.basis + bh * r * d, f.coeff + bh * P * r, d, P, r,
-                              s.mu_q + bh * d, s.mu_scale + bh, s.basis_q + bh * r * (d / 2),
-                              s.basis_scale + bh * r, s.coeff_q + bh * P * r,
-                              s.coeff_scale + bh * r);
+                              s.layout.basis_group, s.mu_q + bh * d, s.mu_scale + bh,
+                              s.basis_q + bh * r * (d / 2),
+                              s.basis_scale + bh * locks::basis_scales_per_head(s.layout),
+                              s.coeff_q + bh * P * r, s.coeff_scale + bh * r);
   }
 };
 

@@ -234,7 +234,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   CK(cudaMalloc(&s.mu_q, nb * m.d));
   CK(cudaMalloc(&s.mu_scale, nb * 4));
   CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
-  CK(cudaMalloc(&s.basis_scale, nb * kRank * 4));
+  CK(cudaMalloc(&s.basis_scale, nb * basis_scales_per_head(sl) * 4));  // [nb, r, d / g]
   CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
   CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);

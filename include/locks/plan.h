@@ -81,7 +81,7 @@ struct DecodePlan {
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
   static constexpr int64_t kTag =
-      0x4c4f434b5303;  // "LOCKS" v3 (v2: tau, floor_pages; v3: select_cluster)
+      0x4c4f434b5304;  // "LOCKS" v4 (v2: tau, floor_pages; v3: basis_group; v4: select_cluster)
   static constexpr size_t kNumInts = 64;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

@@ -13,10 +13,16 @@
 //     mu_scale    float [num_blocks, H]             = max|mu| / 127
 //     basis_q     uint8 [num_blocks, H, r, d/2]     two int4 in [-7, 7] per byte, two's
 //                                                   complement; low nibble = even dim
-//     basis_scale float [num_blocks, H, r]          = max|basis[k]| / 7
+//     basis_scale float [num_blocks, H, r, d/g]     scale of dims [j g, (j + 1) g) of row k
+//                                                   = max over them of |basis[k]| / 7
+//                                                   (g = layout.basis_group; g = d: one a row)
 //     coeff_q     int8  [num_blocks, H, P, r]       coeff ~= coeff_q * coeff_scale[k]
 //     coeff_scale float [num_blocks, H, r]          = max_i |coeff[i][k]| / 127
 // Quantization is symmetric round-to-nearest; a zero range gives scale 0 and codes 0.
+// Basis scale groups (basis_group): at head_dim >= 128 the basis rows' entries spread over
+// channels of very different magnitude (Gemma-3's queries and keys; docs/study_gemma3.md), so
+// one int4 scale a row wastes the small channels' codes; a scale per 32 dims keeps them
+// (docs/quantization.md has the error bound per group). At head_dim <= 64 one scale a row.
 // Query-weighted summaries (optional, SummaryView::qweight; docs/method.md): with per-channel
 // weights w > 0 of each KV head, the basis and coefficients are those of the weighted
 // deviations (k_i - mu) * w (elementwise), so that the rank-r fit is best where the queries
@@ -47,11 +53,21 @@ struct SummaryLayout {
   int head_dim = 128;
   int rank = 8;
   Precision precision = Precision::fp32;
+  // Dims per int4 basis scale (quant mode; every layout carries it so that plans compare
+  // whole layouts): an even divisor of head_dim; head_dim = one scale a row. 0 (unset) is
+  // rejected: summary_layout_for / default_basis_group choose it.
+  int basis_group = 0;
 };
 
-// Throws unless 1 <= rank < page_size, rank <= head_dim, head_dim even.
+// The library's basis scale group: 32 at head_dim >= 128 (when 32 divides it), else one
+// scale a row (head_dim).
+int default_basis_group(int head_dim);
+// Throws unless 1 <= rank < page_size, rank <= head_dim, head_dim even, and basis_group an
+// even divisor of head_dim.
 void validate_summary_layout(const SummaryLayout& s);
-SummaryLayout summary_layout_for(const CacheLayout& cache, int rank, Precision precision);
+// basis_group 0: default_basis_group(cache.head_dim).
+SummaryLayout summary_layout_for(const CacheLayout& cache, int rank, Precision precision,
+                                 int basis_group = 0);
 
 // Bytes of one (page, KV head) summary, and that as a share of the page's bf16 K+V
 // for that head (2 * P * d * 2 bytes).
@@ -103,14 +119,19 @@ class SummaryStore {
 };
 
 // Quantize/dequantize one summary (helpers shared by every backend and the tests).
-// fp32 inputs: mu[d], basis[r*d], coeff[P*r]; outputs in quant layout for one (block, head).
+// fp32 inputs: mu[d], basis[r*d], coeff[P*r]; outputs in quant layout for one (block, head):
+// basis_scale[r * (d / basis_group)].
 void summary_quantize(const float* mu, const float* basis, const float* coeff, int head_dim,
-                      int page_size, int rank, int8_t* mu_q, float* mu_scale, uint8_t* basis_q,
-                      float* basis_scale, int8_t* coeff_q, float* coeff_scale);
+                      int page_size, int rank, int basis_group, int8_t* mu_q, float* mu_scale,
+                      uint8_t* basis_q, float* basis_scale, int8_t* coeff_q, float* coeff_scale);
 void summary_dequantize(const int8_t* mu_q, float mu_scale, const uint8_t* basis_q,
                         const float* basis_scale, const int8_t* coeff_q, const float* coeff_scale,
-                        int head_dim, int page_size, int rank, float* mu, float* basis,
-                        float* coeff);
+                        int head_dim, int page_size, int rank, int basis_group, float* mu,
+                        float* basis, float* coeff);
+// Basis scales per (block, head): rank * (head_dim / basis_group).
+inline int64_t basis_scales_per_head(const SummaryLayout& s) {
+  return int64_t(s.rank) * (s.head_dim / s.basis_group);
+}
 
 namespace cpu {
 // Build the summaries of the given physical blocks (all full pages), every KV head.

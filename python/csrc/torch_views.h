@@ -141,7 +141,9 @@ inline locks::BatchView batch_view(const at::Tensor& block_table, const at::Tens
 // The summaries list; its precision is read from the dtypes (summary.h layouts):
 //   fp32: [mu f32 [N, H, d], basis f32 [N, H, r, d], coeff f32 [N, H, P, r]]
 //   int4: [mu_q i8 [N, H, d], mu_scale f32 [N, H], basis_q u8 [N, H, r, d/2],
-//          basis_scale f32 [N, H, r], coeff_q i8 [N, H, P, r], coeff_scale f32 [N, H, r]]
+//          basis_scale f32 [N, H, r, d/g], coeff_q i8 [N, H, P, r], coeff_scale f32 [N, H, r]]
+//   (g = basis_group, dims per int4 basis scale, read from basis_scale's last dim; fp32
+//   summaries carry the default, locks::default_basis_group, like the plan's layout)
 // Either list may end with the query weights qweight f32 [H, d] of query-weighted summaries
 // (summary.h): 4 or 7 tensors.
 // The geometry must match `cache` where one is given (num_blocks, P, H, d); scoring reads
@@ -174,6 +176,17 @@ inline locks::SummaryView summary_view(at::TensorList all, const locks::CacheLay
   l.rank = to_int(basis.size(2), "summaries: rank");
   l.page_size = to_int(coeff.size(2), "summaries: page_size");
   l.precision = quant ? locks::Precision::quant : locks::Precision::fp32;
+  l.basis_group = locks::default_basis_group(l.head_dim);
+  if (quant) {
+    require(s[3], names[3], at::kFloat, 4);
+    const int64_t groups = s[3].size(3);
+    TORCH_CHECK_VALUE(groups >= 1 && l.head_dim % groups == 0 && (l.head_dim / groups) % 2 == 0,
+                      names[3], ": the last dim (", groups,
+                      " scales a basis row) must split head_dim ", l.head_dim,
+                      " into groups of an even number of dims (basis_scale [N, H, r, d / "
+                      "basis_group])");
+    l.basis_group = to_int(l.head_dim / groups, "summaries: basis_group");
+  }
   if (cache) {
     TORCH_CHECK_VALUE(l.num_blocks == cache->num_blocks && l.num_kv_heads == cache->num_kv_heads &&
                           l.head_dim == cache->head_dim && l.page_size == cache->page_size,
@@ -206,10 +219,9 @@ inline locks::SummaryView summary_view(at::TensorList all, const locks::CacheLay
     return v;
   }
   require(s[1], names[1], at::kFloat, 2);
-  require(s[3], names[3], at::kFloat, 3);
   require(s[5], names[5], at::kFloat, 3);
   shape(s[1], names[1], {n, h});
-  shape(s[3], names[3], {n, h, r});
+  shape(s[3], names[3], {n, h, r, d / l.basis_group});
   shape(s[5], names[5], {n, h, r});
   v.mu_q = mu.data_ptr<int8_t>();
   v.mu_scale = s[1].data_ptr<float>();

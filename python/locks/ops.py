@@ -11,8 +11,10 @@ Layouts (include/locks/kv_cache.h, summary.h):
   k_cache, v_cache  [num_blocks, page_size, num_kv_heads, head_dim]  float32/float16/bfloat16
   block_table       [batch, max_blocks_per_seq] int32,  seq_lens [batch] int32
   summaries (fp32)  mu [num_blocks, H, d], basis [num_blocks, H, r, d], coeff [num_blocks, H, P, r]
-  summaries (int4)  mu_q i8 [N, H, d], mu_scale [N, H], basis_q u8 [N, H, r, d/2], basis_scale [N, H, r],
-                    coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]
+  summaries (int4)  mu_q i8 [N, H, d], mu_scale [N, H], basis_q u8 [N, H, r, d/2],
+                    basis_scale [N, H, r, d/g], coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]
+                    (g: dims per int4 basis scale, default_basis_group(d): 32 at d >= 128,
+                    d below; plans take the default)
   q                 [batch, num_q_heads, head_dim] float32
   pages, counts     [batch, H, capacity] int32 (ascending, -1 padded), [batch, H] int32
 The summaries' precision is read from their dtypes.
@@ -43,7 +45,8 @@ class Summaries(NamedTuple):
 
 
 class QuantSummaries(NamedTuple):
-    """int8 centroid, int4 basis (two a byte, low nibble = even dim), int8 coefficients."""
+    """int8 centroid, int4 basis (two a byte, low nibble = even dim; one scale per
+    basis_group dims of a row), int8 coefficients."""
     mu_q: torch.Tensor
     mu_scale: torch.Tensor
     basis_q: torch.Tensor
@@ -206,20 +209,32 @@ def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
 
 
 # -- summaries --------------------------------------------------------------------------------
+def default_basis_group(head_dim: int) -> int:
+    """Dims per int4 basis scale of the library's layout (include/locks/summary.h
+    default_basis_group, which the plans use): 32 at head_dim >= 128, one scale a row below."""
+    d = check_int("head_dim", head_dim, lo=1)
+    return 32 if d >= 128 and d % 32 == 0 else d
+
+
 def new_summaries(num_blocks: int, num_kv_heads: int, head_dim: int, page_size: int = 16,
                   rank: int = 8, device: torch.device | str = "cpu",
-                  precision: str = "fp32") -> Summaries | QuantSummaries:
-    """Zeroed summary storage for a cache of num_blocks pages; precision "fp32" or "int4"."""
+                  precision: str = "fp32", basis_group: int | None = None) -> Summaries | QuantSummaries:
+    """Zeroed summary storage for a cache of num_blocks pages; precision "fp32" or "int4".
+    basis_group (int4): dims per basis scale, an even divisor of head_dim; None = the default
+    (default_basis_group), the only one the plans (DecodeWrapper) take."""
     check_int("page_size", page_size, lo=2)
     check_int("rank", rank, lo=1, hi=page_size - 1, why=f"rank must be in [1, page_size) = [1, {page_size})")
     n, h = check_int("num_blocks", num_blocks, lo=1, hi=None), check_int("num_kv_heads", num_kv_heads, lo=1)
     d = check_int("head_dim", head_dim, lo=1)
     _precision(precision)
+    g = default_basis_group(d) if basis_group is None else check_int("basis_group", basis_group, lo=2)
+    if d % g or g % 2:
+        raise ValueError(f"locks: basis_group must be an even divisor of head_dim {d}, got {g}")
     z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
     if precision == "fp32":
         return Summaries(z(n, h, d), z(n, h, rank, d), z(n, h, page_size, rank))
     return QuantSummaries(z(n, h, d, dt=torch.int8), z(n, h),
-                          z(n, h, rank, d // 2, dt=torch.uint8), z(n, h, rank),
+                          z(n, h, rank, d // 2, dt=torch.uint8), z(n, h, rank, d // g),
                           z(n, h, page_size, rank, dt=torch.int8), z(n, h, rank))
 
 

@@ -91,9 +91,10 @@ void check_run_summary(const DecodePlan& plan, const SummaryLayout& S, const cha
   const SummaryLayout& P = plan.params.summary;
   if (S.num_blocks != P.num_blocks || S.page_size != P.page_size ||
       S.num_kv_heads != P.num_kv_heads || S.head_dim != P.head_dim || S.rank != P.rank ||
-      S.precision != P.precision)
+      S.precision != P.precision || S.basis_group != P.basis_group)
     fail(where, "summary layout (rank ", S.rank, ", ", precision_name(S.precision),
-         ") differs from the planned one (rank ", P.rank, ", ", precision_name(P.precision), ")");
+         ", basis_group ", S.basis_group, ") differs from the planned one (rank ", P.rank, ", ",
+         precision_name(P.precision), ", basis_group ", P.basis_group, ")");
 }
 
 void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where) {

@@ -18,6 +18,7 @@ void fields(Plan& p, F&& f) {
   f(c.num_blocks), f(c.page_size), f(c.num_kv_heads), f(c.head_dim), f(c.dtype);
   auto& s = p.params.summary;
   f(s.num_blocks), f(s.page_size), f(s.num_kv_heads), f(s.head_dim), f(s.rank), f(s.precision);
+  f(s.basis_group);
   f(p.params.num_q_heads), f(p.params.max_batch), f(p.params.max_blocks_per_seq);
   f(p.params.select.budget_tokens), f(p.params.select.sink_pages), f(p.params.select.recent_pages);
   f(p.params.select.tau), f(p.params.select.floor_pages);
@@ -32,7 +33,7 @@ void fields(Plan& p, F&& f) {
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 22 + 2 + 10 + 24;
+constexpr int kFields = 23 + 2 + 10 + 24;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -95,6 +96,8 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
           p.threads >= 1 && int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
           (q.summary.precision == Precision::fp32 || q.summary.precision == Precision::quant),
       "inconsistent plan vector");
+  // The summary layout the scorers trust (basis_group indexes the basis scales).
+  validate_summary_layout(q.summary);
   // The selection rules (tau, floor, budget) as validate_select states them; its error names
   // the field.
   validate_select(q.select, q.cache.page_size);

@@ -76,16 +76,18 @@ void score_fp32(const SummaryView& S, int64_t bh, const float* qg, const float* 
   }
 }
 
-// Integer codes times scales: q.mu = mu_scale * (q . mu_q), (V q)_k = basis_scale_k *
-// (q . basis_q_k), c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row at a
-// time (int4 unpacked into w.row); the summary is never dequantized as a whole.
+// Integer codes times scales: q.mu = mu_scale * (q . mu_q), (V q)_k = sum over the row's
+// scale groups j of basis_scale_kj * (q_j . basis_q_kj) (one group: the whole row),
+// c_ik = coeff_scale_k * coeff_q_ik. Codes become floats one row at a time (int4 unpacked
+// into w.row); the summary is never dequantized as a whole.
 LOCKS_SIMD_CLONES
 void score_quant(const SummaryView& S, int64_t bh, const float* qg, const float* qwg, int G,
                  float scale, float* dst, int M, const Scratch& w) {
   const int P = S.layout.page_size, d = S.layout.head_dim, r = S.layout.rank;
+  const int g = S.layout.basis_group, ng = d / g;
   const int8_t* mu_q = S.mu_q + bh * d;
   const uint8_t* basis_q = S.basis_q + bh * r * (d / 2);
-  const float* basis_scale = S.basis_scale + bh * r;
+  const float* basis_scale = S.basis_scale + bh * r * ng;
   transpose_coeff(S.coeff_q + bh * P * r, P, r, w.ct);
   const float* coeff_scale = S.coeff_scale + bh * r;
   for (int e = 0; e < d; ++e) w.row[e] = float(mu_q[e]);
@@ -97,8 +99,20 @@ void score_quant(const SummaryView& S, int64_t bh, const float* qg, const float*
       w.row[2 * e] = float(static_cast<int8_t>(static_cast<uint8_t>(codes[e] << 4)) >> 4);
       w.row[2 * e + 1] = float(static_cast<int8_t>(codes[e]) >> 4);
     }
-    const float s = basis_scale[k] * coeff_scale[k];
-    for (int h = 0; h < G; ++h) w.proj[h * r + k] = s * detail::dot(qwg + int64_t(h) * d, w.row, d);
+    const float* bs = basis_scale + int64_t(k) * ng;
+    if (ng == 1) {  // one scale a row: today's single dot product
+      const float s = bs[0] * coeff_scale[k];
+      for (int h = 0; h < G; ++h)
+        w.proj[h * r + k] = s * detail::dot(qwg + int64_t(h) * d, w.row, d);
+      continue;
+    }
+    for (int h = 0; h < G; ++h) {
+      const float* qh = qwg + int64_t(h) * d;
+      float acc = 0.0f;
+      for (int j = 0; j < ng; ++j)
+        acc += bs[j] * detail::dot(qh + int64_t(j) * g, w.row + int64_t(j) * g, g);
+      w.proj[h * r + k] = coeff_scale[k] * acc;
+    }
   }
   for (int h = 0; h < G; ++h)
     dst[int64_t(h) * M] = page_lse(w.qmu[h], w.proj + h * r, w.ct, P, r, scale, w.logits);

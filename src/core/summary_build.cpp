@@ -112,10 +112,10 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
         std::copy(coeff.begin(), coeff.end(), out.coeff + bh * P * r);
       } else {
         try {  // throws on a non-finite summary (keys near float's range): report after
-          summary_quantize(mu.data(), basis.data(), coeff.data(), d, P, r, out.mu_q + bh * d,
-                           out.mu_scale + bh, out.basis_q + bh * r * (d / 2),
-                           out.basis_scale + bh * r, out.coeff_q + bh * P * r,
-                           out.coeff_scale + bh * r);
+          summary_quantize(mu.data(), basis.data(), coeff.data(), d, P, r, out.layout.basis_group,
+                           out.mu_q + bh * d, out.mu_scale + bh, out.basis_q + bh * r * (d / 2),
+                           out.basis_scale + bh * basis_scales_per_head(out.layout),
+                           out.coeff_q + bh * P * r, out.coeff_scale + bh * r);
         } catch (const Error&) {
           int64_t expected = -1;
           bad_item.compare_exchange_strong(expected, item);

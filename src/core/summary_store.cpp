@@ -16,7 +16,7 @@ SummaryStore::SummaryStore(const SummaryLayout& layout) : layout_(layout) {
     mu_q_.assign(nh * d, 0);
     mu_scale_.assign(nh, 0.0f);
     basis_q_.assign(nh * r * d / 2, 0);
-    basis_scale_.assign(nh * r, 0.0f);
+    basis_scale_.assign(nh * size_t(basis_scales_per_head(layout_)), 0.0f);
     coeff_q_.assign(nh * P * r, 0);
     coeff_scale_.assign(nh * r, 0.0f);
   }

@@ -22,6 +22,8 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   p.summary.head_dim = plan.cache.head_dim;
   p.summary.rank = plan.rank;
   p.summary.precision = plan.precision;
+  p.summary.basis_group =
+      plan.basis_group == 0 ? default_basis_group(plan.cache.head_dim) : plan.basis_group;
   p.num_q_heads = plan.num_q_heads;
   p.max_batch = plan.max_batch;
   p.max_blocks_per_seq = plan.max_blocks_per_seq;

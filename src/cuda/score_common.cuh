@@ -17,17 +17,21 @@ struct SumView {  // the summary arrays, by value for kernels
   const int8_t* mu_q;
   const float* mu_scale;
   const uint8_t* basis_q;
-  const float* basis_scale;
+  const float* basis_scale;  // [N, H, r, d / basis_group]
   const int8_t* coeff_q;
   const float* coeff_scale;
   int64_t num_blocks;    // block ids outside [0, num_blocks) are never dereferenced (score -inf)
   const float* qweight;  // [H, d] query weights (query-weighted summaries) or nullptr
+  int basis_group;       // dims per int4 basis scale (d: one a row)
 };
 
 inline SumView sum_view(const SummaryView& s) {
-  return {s.mu,      s.basis,       s.coeff,   s.mu_q,        s.mu_scale,
-          s.basis_q, s.basis_scale, s.coeff_q, s.coeff_scale, s.layout.num_blocks,
-          s.qweight};
+  return {s.mu,          s.basis,
+          s.coeff,       s.mu_q,
+          s.mu_scale,    s.basis_q,
+          s.basis_scale, s.coeff_q,
+          s.coeff_scale, s.layout.num_blocks,
+          s.qweight,     s.layout.basis_group};
 }
 
 namespace {

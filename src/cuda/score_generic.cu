@@ -1,4 +1,5 @@
-// Page scoring on the CUDA cores (fp32 summaries, or quant summaries of a rank other than 8):
+// Page scoring on the CUDA cores (fp32 summaries, or quant summaries of a rank other than 8 or
+// with a basis scale group the tensor-core kernel has no instance for: score.cu):
 // one block of 4 warps per (128-page chunk, KV head, sequence), one warp per page; the
 // summary is staged (dequantized) in shared memory, then V q, q.mu and each key's logit
 // in fp32 and the page's log-sum-exp by half-warp shuffles. Any head_dim and GQA group that
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
   float* sm = reinterpret_cast<float*>(sm4);
   const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
   const int G = Hq / H, ld = d + 1;
+  const int bg = S.basis_group;  // dims per int4 basis scale
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* qs = sm;                    // [G][ld], pre-multiplied by scale * log2(e)
   float* sc = qs + G * ld;           // [G][128]
@@ -53,6 +55,8 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     }
     const int64_t bh = int64_t(blk) * H + h;
     // Stage the (dequantized) summary.
+    // (not unrolled: unrolling made ptxas spill with the group index below)
+#pragma unroll 1
     for (int e = lane; e < r * d; e += 32) {
       const int k = e / d, c = e % d;
       float x;
@@ -61,7 +65,8 @@ __global__ void __launch_bounds__(kGenWarps * 32)
       } else {
         const uint8_t byte = S.basis_q[(bh * r + k) * (d / 2) + c / 2];
         const int code = (c & 1) ? (int(int8_t(byte)) >> 4) : (int(int8_t(byte << 4)) >> 4);
-        x = float(code) * S.basis_scale[bh * r + k];
+        // scales [r][d / bg]: e / bg = k (d / bg) + c / bg, dim c's group (bg divides d)
+        x = float(code) * S.basis_scale[bh * (r * d / bg) + e / bg];
       }
       // Query-weighted summaries: basis_k . (q / w) = (basis_k / w) . q.
       rows[k * ld + c] = S.qweight ? x / S.qweight[int64_t(h) * d + c] : x;

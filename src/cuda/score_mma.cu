@@ -1,4 +1,5 @@
-// Page scoring on the tensor cores (int4 summaries, rank 8, P 16, d 64 / 128 / 256):
+// Page scoring on the tensor cores (int4 summaries, rank 8, P 16, d 64 / 128 / 256; int4 basis
+// scales one a row, or per 32 dims at d 128 / 256, the default layouts):
 // s_j = log sum_i exp(scale * (q.mu_j + (V_j q).c_i)) for every full page j and query head.
 // One block of 4 warps per (chunk of 32-128 pages, KV head [x head slice], sequence), so the
 // grid depends on the plan only; pages past the sequence get -inf. The three per-page
@@ -29,13 +30,14 @@ using MmaH = Mma<__half>;  // summaries' integer codes are exact in fp16
 // Small stages keep shared memory per block low (about 37 KB at d 128, G 4), so six blocks
 // (24 warps) fit on an SM: the scoring kernel needs many warps in flight to hide latency.
 constexpr int kSP = 4;
-template <int D>
+// NG: int4 basis scales per row (summary.h's basis_group: 1 = one a row, or D / 32).
+template <int D, int NG>
 struct Stage {
   static constexpr int kPages = kSP, R = 8, P = 16;
   uint8_t basis[kPages][R * D / 2];
   int8_t mu[kPages][D];
   int8_t coeff[kPages][P * R];
-  float bscale[kPages][R];
+  float bscale[kPages][R * NG];
   float cscale[kPages][R];
   float muscale[kPages];
 };
@@ -44,10 +46,12 @@ struct Stage {
 // l % 8 (+ 8 i) of its basis, centroid and coefficients, and lanes l % 8 < 5 one scale
 // chunk. The per-lane source offsets and shared-memory slots are fixed for the whole
 // kernel, so a stage costs one shuffle (the page's block id) and one wide multiply-add
-// per array: no per-chunk address arithmetic.
-template <int D>
+// per array: no per-chunk address arithmetic. Group scales (NG > 1: R * NG floats, 2 NG
+// 16-byte chunks a page) are copied by every lane of the page, NG / 4 chunks each.
+template <int D, int NG>
 struct StageLoader {
   static_assert(kSP * 8 == 32, "8 lanes per page of the stage");
+  static_assert(NG == 1 || (NG % 4 == 0 && NG * 32 <= D), "basis scale groups: 1 or D/32");
   static constexpr int R = 8, P = 16;
   static constexpr int NB = R * D / 2 / 16 / 8;  // basis chunks per lane (8, 4 or 2)
   static constexpr int MC = D / 16;              // centroid chunks per page (16, 8 or 4)
@@ -56,11 +60,12 @@ struct StageLoader {
   const int8_t* coeff;
   const char* scl;      // this lane's scale array + offset (lanes l % 8 < 5)
   uint32_t scl_stride;  // bytes per (block, head) of that scale array
+  const float* bscl;    // NG > 1: this lane's first chunk of the group scales
   uint32_t dst;         // shared address of this lane's basis slot in stage buffer 0
-  uint32_t mu_off, coeff_off, scl_off;  // slots of the other arrays, relative to dst
-  int page, role;                       // page of the stage (lane / 8), lane % 8
+  uint32_t mu_off, coeff_off, scl_off, bscl_off;  // slots of the other arrays, relative to dst
+  int page, role;                                 // page of the stage (lane / 8), lane % 8
 
-  __device__ void init(const SumView& S, Stage<D>* my, int lane) {
+  __device__ void init(const SumView& S, Stage<D, NG>* my, int lane) {
     page = lane >> 3;
     role = lane & 7;
     basis = S.basis_q + role * 16;
@@ -70,8 +75,9 @@ struct StageLoader {
     scl = role < 2   ? reinterpret_cast<const char*>(S.basis_scale + 4 * half)
           : role < 4 ? reinterpret_cast<const char*>(S.coeff_scale + 4 * half)
                      : reinterpret_cast<const char*>(S.mu_scale);
-    scl_stride = role < 4 ? R * 4 : 4;
-    Stage<D>& st = my[0];
+    scl_stride = role < 2 ? R * NG * 4 : role < 4 ? R * 4 : 4;
+    bscl = S.basis_scale + 4 * role;
+    Stage<D, NG>& st = my[0];
     const uint32_t base = smem_u32(&st.basis[page][role * 16]);
     dst = base;
     mu_off = smem_u32(&st.mu[page][(role < MC ? role : 0) * 16]) - base;
@@ -80,12 +86,13 @@ struct StageLoader {
                : role < 4 ? smem_u32(&st.cscale[page][4 * half])
                           : smem_u32(&st.muscale[page])) -
               base;
+    bscl_off = smem_u32(&st.bscale[page][4 * role]) - base;
   }
   // blk: block id of this lane's page (-1 past the sequence's full pages: zero-filled).
   __device__ __forceinline__ void load(int buf, int32_t blk, int H, int h) const {
     const bool valid = blk >= 0;
     const uint32_t bh = uint32_t(valid ? blk : 0) * uint32_t(H) + uint32_t(h);
-    const uint32_t d = dst + uint32_t(buf * sizeof(Stage<D>));
+    const uint32_t d = dst + uint32_t(buf * sizeof(Stage<D, NG>));
     const uint8_t* sb = basis + uint64_t(bh) * (R * D / 2);
 #pragma unroll
     for (int i = 0; i < NB; ++i) cp_async16_zfill(d + 128 * i, sb + 128 * i, valid);
@@ -95,10 +102,16 @@ struct StageLoader {
     if constexpr (MC == 16) cp_async16_zfill(d + mu_off + 128, mu + uint64_t(bh) * D + 128, valid);
     cp_async16_zfill(d + coeff_off, coeff + uint64_t(bh) * (P * R), valid);
     const char* ss = scl + uint64_t(bh) * scl_stride;
-    if (role < 4)
-      cp_async16_zfill(d + scl_off, ss, valid);
-    else if (role == 4)
+    if (role < 4) {
+      if (NG == 1 || role >= 2) cp_async16_zfill(d + scl_off, ss, valid);
+    } else if (role == 4) {
       cp_async4_zfill(d + scl_off, ss, valid);
+    }
+    if constexpr (NG > 1) {
+      const float* bs = bscl + uint64_t(bh) * (R * NG);
+#pragma unroll
+      for (int i = 0; i < NG / 4; ++i) cp_async16_zfill(d + bscl_off + 128 * i, bs + 32 * i, valid);
+    }
   }
 };
 
@@ -130,7 +143,8 @@ constexpr int score_min_blocks() {
 // s taking heads [s gw, min(G, (s + 1) gw)) (gw <= GMAX), so groups wider than one
 // block's query fragments (G > 16; G > 4 at d 256) read each summary n_sl times, from L2
 // for all but the first: blockIdx.x = KV head * n_sl + slice keeps a page's slices adjacent.
-template <int D, int NT1, int CP, bool HL>
+// NG: basis scales per row (1, or D / 32 with basis_group 32; see (b)).
+template <int D, int NT1, int CP, bool HL, int NG>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
@@ -154,7 +168,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
   __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
   extern __shared__ float4 dyn[];
-  Stage<D>* stages = reinterpret_cast<Stage<D>*>(dyn);
+  Stage<D, NG>* stages = reinterpret_cast<Stage<D, NG>*>(dyn);
 
   const int h = int(blockIdx.x) / n_sl, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest
   const int sl = int(blockIdx.x) - h * n_sl;
@@ -168,14 +182,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   const int jw = chunk * CP + warp * ppw;  // first page of the warp
   const int32_t* bt = block_table + int64_t(b) * bt_stride;
-  Stage<D>* my = stages + 2 * warp;
+  Stage<D, NG>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
   const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
   const bool blk_ok = blk_raw >= 0 && blk_raw < S.num_blocks;
   const unsigned bad_pages = __ballot_sync(kFull, !blk_ok && lane < ppw && jw + lane < n_full);
   const int32_t blk_all = blk_ok ? blk_raw : -1;
   const int n_stages = jw < n_full ? min(n_st, (n_full - jw + kSP - 1) / kSP) : 0;
-  StageLoader<D> ld;
+  StageLoader<D, NG> ld;
   ld.init(S, my, lane);
   auto issue = [&](int s) {
     if (s < n_stages)  // warp-uniform: the whole warp takes part in the shuffle
@@ -257,7 +271,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     }
     cp_async_wait<1>();
     __syncwarp();
-    const Stage<D>& st = my[s & 1];
+    const Stage<D, NG>& st = my[s & 1];
     // (a) q.mu for the stage's pages, transposed so that no mma row is padding: A rows are
     // (head [, hi/lo]) of the query over the first (rows gid) or second (rows gid + 8) half
     // of the head dim, B columns n = (page n / 2, half n % 2) of the centroids, K = d / 2.
@@ -307,10 +321,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     // (b) V q for the pairs of pages of the stage on the tensor cores: A rows gid are basis row
     // gid of page p, rows gid + 8 that of page p + 1. The codes are converted one word (two
     // k-steps) at a time, inside the k loop, so that few A registers are live at once.
+    // Group scales (NG > 1): a k-step sums dims of all four lanes of a quad (lane tig holds
+    // dims [tig D/4, (tig + 1) D/4): D/128 groups of 32), so the groups cannot be accumulated
+    // apart without another fragment layout; instead each code is multiplied in fp16 by its
+    // group's scale over the row's largest, s_kj / max_j s_kj in (0, 1], and the row's largest
+    // scale multiplies the product like the single scale does. That adds two fp16 roundings
+    // (the ratio's and the product's, 2^-10 relative per basis entry; tests/cuda/cuda_arith.h),
+    // far below the int4 step itself (1/14 of the group's largest entry).
+    constexpr int LG = NG > 1 ? D / 128 : 1;  // groups of a lane's dims
 #pragma unroll
     for (int p = 0; p < kSP; p += 2) {
       uint32_t w[2][D / 32];
       float wsc[2];
+      __half2 ratio[2][LG];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const uint8_t* src = &st.basis[p + x][gid * (D / 2) + (D / 8) * tig];
@@ -326,7 +349,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
           const uint2 u = *reinterpret_cast<const uint2*>(src);
           w[x][0] = u.x, w[x][1] = u.y;
         }
-        wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
+        if constexpr (NG == 1) {
+          wsc[x] = st.bscale[p + x][gid] * st.cscale[p + x][gid];
+        } else {
+          const float* bs = &st.bscale[p + x][gid * NG];
+          float mx = 0.0f;
+#pragma unroll
+          for (int j = 0; j < NG; j += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(bs + j);
+            mx = fmaxf(fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y))), fmaxf(fabsf(f.z), fabsf(f.w)));
+          }
+          // a zero row has codes 0 (ratio 0); NaN / Inf scales give NaN ratios (NaN scores)
+          const float inv = mx > 0.0f ? 1.0f / mx : 0.0f;
+          wsc[x] = mx * st.cscale[p + x][gid];
+#pragma unroll
+          for (int j = 0; j < LG; ++j) ratio[x][j] = __float2half2_rn(bs[LG * tig + j] * inv);
+        }
       }
       float acc[NT1][4];
 #pragma unroll
@@ -336,6 +374,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
         uint32_t o0[4], o1[4];
         int4x8_to_half2(w[0][v], o0);
         int4x8_to_half2(w[1][v], o1);
+        if constexpr (NG > 1) {  // word v of lane tig: dims tig D/4 + 8 v ..: group LG tig + v / 4
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            o0[i] = h2_bits(__hmul2(bits_h2(o0[i]), ratio[0][v / 4]));
+            o1[i] = h2_bits(__hmul2(bits_h2(o1[i]), ratio[1][v / 4]));
+          }
+        }
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
@@ -462,9 +507,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   write_chunk(sc, CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
-template <int D>
+template <int D, int NG = 1>
 constexpr int mma_smem() {
-  return int(2 * kMmaWarps * sizeof(Stage<D>));
+  return int(2 * kMmaWarps * sizeof(Stage<D, NG>));
 }
 
 // Head slices of a GQA group on the tensor-core path: the fewest slices of at most
@@ -478,7 +523,7 @@ HeadSlices mma_slices(int d, int group) {
   return {n, ceil_div(group, n)};
 }
 
-template <int D, int NT1, int CP, bool HL>
+template <int D, int NT1, int CP, bool HL, int NG>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                 float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st) {
   const int H = s.layout.num_kv_heads;
@@ -487,59 +532,67 @@ void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, in
   // head across far pages.
   const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
-  score_mma<D, NT1, CP, HL><<<grid, kMmaWarps * 32, mma_smem<D>(), st>>>(
+  score_mma<D, NT1, CP, HL, NG><<<grid, kMmaWarps * 32, mma_smem<D, NG>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
       batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
 }
 
-template <int D, int NT1, bool HL>
+template <int D, int NT1, bool HL, int NG>
 void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                    float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
                    cudaStream_t st) {
   if (cp == 128)
-    launch_mma<D, NT1, 128, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 128, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else if (cp == 64)
-    launch_mma<D, NT1, 64, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 64, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
   else
-    launch_mma<D, NT1, 32, HL>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 32, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
 }
 
 // The instance for a slice width: hi/lo with one n-tile of 4 heads (width <= 4, and d 256),
 // else the query rounded once with n-tiles of 8 heads (1 for width <= 8, 2 for <= 16).
-template <int D>
+template <int D, int NG>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                   float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
   const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
   if constexpr (D == 256) {
-    launch_mma_cp<D, 1, true>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
   } else {
     if (hsl.width <= 4)
-      launch_mma_cp<D, 1, true>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
     else if (hsl.width <= 8)
-      launch_mma_cp<D, 1, false>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
     else
-      launch_mma_cp<D, 2, false>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 2, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
   }
 }
 
-template <int D, int CP = 128>
+template <int D, int CP = 128, int NG = 1>
 const void* mma_kernel(int group) {
   if constexpr (D == 256) {
-    return (const void*)score_mma<D, 1, CP, true>;
+    return (const void*)score_mma<D, 1, CP, true, NG>;
   } else {
     const int w = mma_slices(D, group).width;
-    return w <= 4   ? (const void*)score_mma<D, 1, CP, true>
-           : w <= 8 ? (const void*)score_mma<D, 1, CP, false>
-                    : (const void*)score_mma<D, 2, CP, false>;
+    return w <= 4   ? (const void*)score_mma<D, 1, CP, true, NG>
+           : w <= 8 ? (const void*)score_mma<D, 1, CP, false, NG>
+                    : (const void*)score_mma<D, 2, CP, false, NG>;
   }
 }
 
+template <int D, int NG>
+void prepare_dg() {
+  for (int g : {4, 8, 16})
+    for (const void* f :
+         {mma_kernel<D, 128, NG>(g), mma_kernel<D, 64, NG>(g), mma_kernel<D, 32, NG>(g)})
+      LOCKS_CUDA_CHECK(
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D, NG>()));
+}
+// Instances: one scale a row at every D; 32-dim scale groups at D 128 and 256 (the default
+// layouts, summary_layout_for); other groups score on the CUDA-core kernel (score.cu).
 template <int D>
 void prepare_d() {
-  for (int g : {4, 8, 16})
-    for (const void* f : {mma_kernel<D, 128>(g), mma_kernel<D, 64>(g), mma_kernel<D, 32>(g)})
-      LOCKS_CUDA_CHECK(
-          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D>()));
+  prepare_dg<D, 1>();
+  if constexpr (D >= 128) prepare_dg<D, D / 32>();
 }
 
 const void* mma_kernel_for(int head_dim, int group) {
@@ -563,12 +616,19 @@ void launch_score_mma(const SummaryView& s, const BatchView& batch, const float*
                       float scale, float* head_scores, float* chunk_lse, int n_chunks,
                       int chunk_pages, cudaStream_t st) {
   const int d = s.layout.head_dim;
-  if (d == 256)
-    launch_mma_g<256>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+  const bool grouped = s.layout.basis_group != d;  // then 32 (score_uses_tensor_cores)
+  LOCKS_REQUIRE(!grouped || (s.layout.basis_group == 32 && d >= 128),
+                "tensor-core scoring: basis_group ", s.layout.basis_group, " at head_dim ", d);
+  if (d == 256 && grouped)
+    launch_mma_g<256, 8>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+  else if (d == 256)
+    launch_mma_g<256, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+  else if (d == 128 && grouped)
+    launch_mma_g<128, 4>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
   else if (d == 128)
-    launch_mma_g<128>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<128, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
   else
-    launch_mma_g<64>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<64, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
 }
 
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {

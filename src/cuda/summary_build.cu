@@ -253,10 +253,12 @@ size_t smem_bytes(int d) {
 }
 
 Out make_out(const SummaryView& v) {
-  return {
-      v.mu,      v.basis,       v.coeff,   v.mu_q,        v.mu_scale,
-      v.basis_q, v.basis_scale, v.coeff_q, v.coeff_scale, v.layout.precision == Precision::quant,
-      v.qweight};
+  return {v.mu,          v.basis,
+          v.coeff,       v.mu_q,
+          v.mu_scale,    v.basis_q,
+          v.basis_scale, v.coeff_q,
+          v.coeff_scale, v.layout.precision == Precision::quant,
+          v.qweight,     v.layout.basis_group};
 }
 
 // Calls f with the cache's K pointer cast to its element type (float, __half, bf16).

@@ -44,6 +44,7 @@ struct Out {
   float* coeff_scale;
   bool quant;
   const float* qweight;  // [H, d] query weights of query-weighted summaries, or nullptr
+  int basis_group;       // dims per int4 basis scale (layout.basis_group; d = one a row)
 };
 
 // Physical block of problem item (or -1 when there is nothing to build).
@@ -114,7 +115,6 @@ __device__ __forceinline__ void write_basis(const Out& out, const float* D, int 
   constexpr int kM = kMaxD / 64;
   float2 val[kM];
   const int npairs = d / 2;
-  float mx = 0.0f;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     const int p = lane + 32 * m;
@@ -128,7 +128,6 @@ __device__ __forceinline__ void write_basis(const Out& out, const float* D, int 
       }
     }
     val[m] = make_float2(x * inv, y * inv);
-    mx = fmaxf(mx, fmaxf(fabsf(val[m].x), fabsf(val[m].y)));
   }
   if (!out.quant) {
 #pragma unroll
@@ -138,12 +137,28 @@ __device__ __forceinline__ void write_basis(const Out& out, const float* D, int 
     }
     return;
   }
-  const float scale = detail::warp_max(mx) / 7.0f;
-  if (lane == 0) out.basis_scale[bh * rank + k] = scale;
+  // One scale per basis_group dims (summary.h): group j holds the pairs p with 2p / g == j
+  // (g even, so a pair never straddles two groups); sc[m] is the scale of pair p's group.
+  const int g = out.basis_group, ng = d / g;
+  float sc[kM] = {};
+  for (int j = 0; j < ng; ++j) {
+    float mj = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const int p = lane + 32 * m;
+      if (p < npairs && 2 * p / g == j) mj = fmaxf(mj, fmaxf(fabsf(val[m].x), fabsf(val[m].y)));
+    }
+    const float scale = detail::warp_max(mj) / 7.0f;
+    if (lane == 0) out.basis_scale[(bh * rank + k) * ng + j] = scale;
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+      if (2 * (lane + 32 * m) / g == j) sc[m] = scale;
+  }
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     const int p = lane + 32 * m;
     if (p < npairs) {
+      const float scale = sc[m];
       int lo = scale == 0.0f ? 0 : __float2int_rn(val[m].x / scale);
       int hi = scale == 0.0f ? 0 : __float2int_rn(val[m].y / scale);
       lo = max(-7, min(7, lo));

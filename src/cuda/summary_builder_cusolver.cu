@@ -80,7 +80,8 @@ void check_same(const CacheLayout& cl, const SummaryLayout& sl, const KvCacheVie
                 "cache layout differs from the planned one");
   LOCKS_REQUIRE(out.layout.num_blocks == sl.num_blocks && out.layout.rank == sl.rank &&
                     out.layout.precision == sl.precision && out.layout.head_dim == sl.head_dim &&
-                    out.layout.num_kv_heads == sl.num_kv_heads,
+                    out.layout.num_kv_heads == sl.num_kv_heads &&
+                    out.layout.basis_group == sl.basis_group,
                 "summary layout differs from the planned one");
 }
 }  // namespace

@@ -34,7 +34,7 @@ class Locks final : public PageSelector {
   }
   SummaryLayout layout(const LayerContext& ctx) const {
     return summary_layout_for(ctx.cache.layout, p_.rank,
-                              quant_ ? Precision::quant : Precision::fp32);
+                              quant_ ? Precision::quant : Precision::fp32, p_.basis_group);
   }
   void prepare(const LayerContext& ctx) override {
     store_ = std::make_unique<SummaryStore>(layout(ctx));

@@ -99,7 +99,7 @@ class LocksH2 final : public PageSelector {
   }
   SummaryLayout page_layout(const LayerContext& ctx) const {
     return summary_layout_for(ctx.cache.layout, p_.rank,
-                              v_.fp32_pages ? Precision::fp32 : Precision::quant);
+                              v_.fp32_pages ? Precision::fp32 : Precision::quant, p_.basis_group);
   }
   SuperLayout super_layout(const LayerContext& ctx) const {
     SuperLayout l;

@@ -34,6 +34,9 @@ void check_summary_layout(const SummaryLayout& s) {
                 s.head_dim);
   LOCKS_REQUIRE(s.rank >= 1 && s.rank < s.page_size && s.rank <= s.head_dim,
                 "rank must be in [1, min(page_size - 1, head_dim)], got ", s.rank);
+  LOCKS_REQUIRE(s.basis_group >= 2 && s.basis_group % 2 == 0 && s.head_dim % s.basis_group == 0,
+                "summary basis_group must be an even divisor of head_dim ", s.head_dim, ", got ",
+                s.basis_group);
 }
 
 void check_summary_view(const SummaryView& s) {

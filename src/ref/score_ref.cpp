@@ -42,8 +42,9 @@ double score_page(const SummaryView& s, int32_t block, int head, const float* q,
     std::copy_n(s.coeff + bh * P * r, P * r, coeff.begin());
   } else {
     summary_dequantize(s.mu_q + bh * d, s.mu_scale[bh], s.basis_q + bh * r * (d / 2),
-                       s.basis_scale + bh * r, s.coeff_q + bh * P * r, s.coeff_scale + bh * r, d, P,
-                       r, mu.data(), basis.data(), coeff.data());
+                       s.basis_scale + bh * basis_scales_per_head(l), s.coeff_q + bh * P * r,
+                       s.coeff_scale + bh * r, d, P, r, l.basis_group, mu.data(), basis.data(),
+                       coeff.data());
   }
 
   double qmu = 0;

@@ -33,10 +33,14 @@ constexpr double kEps32 = 5.96e-8;
 // bounds below grow by these terms. u_score: relative error of a page logit's products
 // (|error| <= u_score * A); u_query: relative rounding of the query in attention logits;
 // u_weight: relative rounding of the softmax weights before the P V product; agg_abs: the
-// absolute error of approximate exp/log per aggregated share. tests/cuda states the CUDA
+// absolute error of approximate exp/log per aggregated share. Int4 bases with several scale
+// groups a row (basis_group < head_dim), whose entries a backend may round before its
+// products: each entry B_kc within u_basis |B_kc| + basis_abs max_j s_kj, which moves a logit
+// by at most u_basis A + basis_abs Z (Z: grouped_basis_magnitude). tests/cuda states the CUDA
 // kernels' values and where they come from.
 struct ArithModel {
   double u_score = 0, u_query = 0, u_weight = 0, agg_abs = 0;
+  double u_basis = 0, basis_abs = 0;
 };
 
 // The float-arithmetic error budget A of one page for one query (see the file comment).
@@ -52,8 +56,9 @@ inline double logit_magnitude(const SummaryView& sv, int32_t blk, int g, const f
     std::copy_n(sv.coeff + bh * P * r, P * r, coeff.begin());
   } else {
     summary_dequantize(sv.mu_q + bh * d, sv.mu_scale[bh], sv.basis_q + bh * r * (d / 2),
-                       sv.basis_scale + bh * r, sv.coeff_q + bh * P * r, sv.coeff_scale + bh * r, d,
-                       P, r, mu.data(), basis.data(), coeff.data());
+                       sv.basis_scale + bh * basis_scales_per_head(l), sv.coeff_q + bh * P * r,
+                       sv.coeff_scale + bh * r, d, P, r, l.basis_group, mu.data(), basis.data(),
+                       coeff.data());
   }
   double a_mu = 0;
   for (int c = 0; c < d; ++c) a_mu += std::fabs(double(q[c]) * mu[size_t(c)]);
@@ -70,6 +75,45 @@ inline double logit_magnitude(const SummaryView& sv, int32_t blk, int g, const f
     a_c = std::max(a_c, s);
   }
   return scale * (a_mu + a_c);
+}
+
+// Z = scale * max_i sum_k |c_ik| max_j s_kj ||q / w||_1 for an int4 summary with several basis
+// scale groups a row (0 otherwise): the logit shift of an absolute error max_j s_kj on every
+// basis entry (ArithModel::basis_abs).
+inline double grouped_basis_magnitude(const SummaryView& sv, int32_t blk, int g, const float* q,
+                                      float scale) {
+  const SummaryLayout& l = sv.layout;
+  if (l.precision != Precision::quant || l.basis_group == l.head_dim) return 0;
+  const int d = l.head_dim, r = l.rank, P = l.page_size, ng = d / l.basis_group;
+  const int64_t bh = int64_t(blk) * l.num_kv_heads + g;
+  const float* qw = sv.qweight ? sv.qweight + int64_t(g) * d : nullptr;
+  double q1 = 0;
+  for (int c = 0; c < d; ++c) q1 += std::fabs(double(q[c]) / (qw ? qw[c] : 1.0f));
+  double z = 0;
+  for (int i = 0; i < P; ++i) {
+    double s = 0;
+    for (int k = 0; k < r; ++k) {
+      double smax = 0;
+      for (int j = 0; j < ng; ++j)
+        smax = std::max(smax, double(std::fabs(sv.basis_scale[(bh * r + k) * ng + j])));
+      s += std::fabs(double(sv.coeff_q[(bh * P + i) * r + k]) * sv.coeff_scale[bh * r + k]) * smax;
+    }
+    z = std::max(z, s);
+  }
+  return scale * q1 * z;
+}
+
+// The tolerance of a backend's score of (block blk, KV head g) for query q against the
+// reference's ref (see the file comment and ArithModel).
+inline double score_tolerance(const SummaryView& sv, int32_t blk, int g, const float* q,
+                              float scale, double ref, const ArithModel& m) {
+  const SummaryLayout& l = sv.layout;
+  const double A = logit_magnitude(sv, blk, g, q, scale);
+  double tol = (2 * (l.head_dim + l.rank) * kEps32 + m.u_score) * A +
+               8 * kEps32 * (std::fabs(ref) + l.page_size);
+  if (l.precision == Precision::quant && l.basis_group != l.head_dim)
+    tol += m.u_basis * A + m.basis_abs * grouped_basis_magnitude(sv, blk, g, q, scale);
+  return tol;
 }
 
 // Compares backend head scores hs [batch, Hq, M] (computed with scale t.scale()) with the
@@ -90,10 +134,9 @@ inline void expect_scores_match(const TestCache& t, const SummaryView& sv, const
           EXPECT_EQ(hr[i], kNegInf);
           continue;
         }
-        const double A = logit_magnitude(sv, t.block_of(b, j), h / G,
-                                         t.q.data() + (size_t(b) * Hq + h) * d, t.scale());
-        const double tol = (2 * (d + sv.layout.rank) * kEps32 + m.u_score) * A +
-                           8 * kEps32 * (std::fabs(hr[i]) + P);
+        const double tol =
+            score_tolerance(sv, t.block_of(b, j), h / G, t.q.data() + (size_t(b) * Hq + h) * d,
+                            t.scale(), hr[i], m);
         EXPECT_NEAR(hs[i], hr[i], tol);
       }
 }

@@ -211,9 +211,10 @@ inline TestCache make_cache(const CacheSpec& sp) {
   return t;
 }
 
-// Summaries of every full page, built by the CPU backend.
-inline SummaryStore build_summaries(const TestCache& t, int rank, Precision prec) {
-  SummaryStore store(summary_layout_for(t.layout(), rank, prec));
+// Summaries of every full page, built by the CPU backend (basis_group 0: the default).
+inline SummaryStore build_summaries(const TestCache& t, int rank, Precision prec,
+                                    int basis_group = 0) {
+  SummaryStore store(summary_layout_for(t.layout(), rank, prec, basis_group));
   const std::vector<int32_t> ids = t.full_blocks();
   cpu::summary_build(t.view(), ids.data(), int64_t(ids.size()), store.view());
   return store;

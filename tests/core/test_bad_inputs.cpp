@@ -177,13 +177,13 @@ TEST(BadInputs, InvalidHeadDimOrPageSize) {
 TEST(BadInputs, RankNotBelowPageSize) {
   const CacheLayout l{4, 8, 1, 32, DType::f32};
   for (int r : {0, 8, 9, -1}) {
-    SummaryLayout sl{4, 8, 1, 32, r, Precision::fp32};
+    SummaryLayout sl{4, 8, 1, 32, r, Precision::fp32, 32};
     EXPECT_THROW(validate_summary_layout(sl), Error) << "rank " << r;
     EXPECT_THROW(summary_layout_for(l, r, Precision::quant), Error) << "rank " << r;
     EXPECT_THROW(SummaryStore{sl}, Error) << "rank " << r;
   }
   // rank > head_dim (P = 64 > d = 32).
-  EXPECT_THROW(validate_summary_layout({4, 64, 1, 32, 40, Precision::fp32}), Error);
+  EXPECT_THROW(validate_summary_layout({4, 64, 1, 32, 40, Precision::fp32, 32}), Error);
   // A view claiming rank >= P at build and score time.
   Valid s;
   s.run_all();
@@ -197,12 +197,38 @@ TEST(BadInputs, RankNotBelowPageSize) {
   std::vector<int8_t> i8(8 * 32);
   std::vector<uint8_t> u8(8 * 16);
   float ms = 0;
-  EXPECT_THROW(summary_quantize(f.data(), f.data(), f.data(), 32, 8, 8, i8.data(), &ms, u8.data(),
-                                sc.data(), i8.data(), sc.data()),
+  EXPECT_THROW(summary_quantize(f.data(), f.data(), f.data(), 32, 8, 8, 32, i8.data(), &ms,
+                                u8.data(), sc.data(), i8.data(), sc.data()),
                Error);
   EXPECT_THROW(summary_dequantize(i8.data(), 1.0f, u8.data(), sc.data(), i8.data(), sc.data(), 32,
-                                  8, 8, f.data(), f.data(), f.data()),
+                                  8, 8, 32, f.data(), f.data(), f.data()),
                Error);
+}
+
+// basis_group (dims per int4 basis scale) must be an even divisor of head_dim: refused by the
+// layout checks, the store, the build and the scorer, each naming the field.
+TEST(BadInputs, BasisGroupNotAnEvenDivisor) {
+  const CacheLayout l{4, 8, 1, 32, DType::f32};
+  for (int g : {0, 1, 3, 6, 64, -2}) {
+    SummaryLayout sl{4, 8, 1, 32, 3, Precision::quant, g};
+    EXPECT_THROW(validate_summary_layout(sl), Error) << "basis_group " << g;
+    EXPECT_THROW(SummaryStore{sl}, Error) << "basis_group " << g;
+    if (g != 0) EXPECT_THROW(summary_layout_for(l, 3, Precision::quant, g), Error) << g;
+  }
+  Valid s;
+  s.run_all();
+  SummaryStore q(summary_layout_for(s.t.layout(), 3, Precision::quant));
+  SummaryView sv = q.view();
+  sv.layout.basis_group = 6;  // does not divide 32
+  const std::vector<int32_t> ids = s.t.full_blocks();
+  try {
+    cpu::summary_build(s.t.view(), ids.data(), int64_t(ids.size()), sv);
+    ADD_FAILURE() << "build accepted basis_group 6";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("basis_group"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpu::score_pages(sv, s.t.bv(), s.t.qv(), s.t.scale(), s.hs.data()), Error);
+  EXPECT_THROW(ref::score_page(sv, ids[0], 0, s.t.q.data(), s.t.scale()), Error);
 }
 
 TEST(BadInputs, BudgetBelowSinkRecentAndTail) {
@@ -413,7 +439,7 @@ TEST(BadInputs, BadScaleAndDecoderShapes) {
   cpu::Decoder shorter(s.t.layout(), 4, 2, s.M - 1, {SelectConfig{8, 0, 0}, 0.0f});
   EXPECT_THROW(shorter.run(s.t.view(), s.sv(), s.t.bv(), s.t.qv(), s.ao()), Error);
   // Summaries of another cache shape.
-  SummaryStore other(SummaryLayout{s.t.layout().num_blocks + 1, 8, 2, 32, 3, Precision::fp32});
+  SummaryStore other(SummaryLayout{s.t.layout().num_blocks + 1, 8, 2, 32, 3, Precision::fp32, 32});
   cpu::Decoder dec(s.t.layout(), 4, 2, s.M, {s.cfg, 0.0f});
   EXPECT_THROW(dec.run(s.t.view(), other.view(), s.t.bv(), s.t.qv(), s.ao()), Error);
   const std::vector<int32_t> ids = s.t.full_blocks();

@@ -84,18 +84,24 @@ TEST(CacheLayout, SummaryBytesFollowTheStorageLayout) {
   for (int d : {64, 128})
     for (int P : {8, 16, 32}) {
       const int r = P / 2;
-      SummaryLayout s{4, P, 2, d, r, Precision::fp32};
+      SummaryLayout s{4, P, 2, d, r, Precision::fp32, d};
       // fp32: mu[d] + basis[r d] + coeff[P r] floats.
       EXPECT_EQ(summary_bytes_per_page(s), size_t(4) * (d + r * d + P * r));
       s.precision = Precision::quant;
-      // quant: int8 mu[d] + scale, int4 basis[r d / 2 bytes] + r scales, int8 coeff[P r] + r
-      // scales.
-      const size_t q = size_t(d) + 4 + size_t(r) * d / 2 + 4 * r + size_t(P) * r + 4 * r;
-      EXPECT_EQ(summary_bytes_per_page(s), q);
-      EXPECT_DOUBLE_EQ(summary_share_of_bf16_kv(s), double(q) / (2.0 * P * d * 2));
+      for (int g : {d, 32, 16}) {
+        s.basis_group = g;
+        // quant: int8 mu[d] + scale, int4 basis[r d / 2 bytes] + r d / g scales, int8
+        // coeff[P r] + r scales.
+        const size_t q =
+            size_t(d) + 4 + size_t(r) * d / 2 + 4 * size_t(r) * (d / g) + size_t(P) * r + 4 * r;
+        EXPECT_EQ(summary_bytes_per_page(s), q);
+        EXPECT_DOUBLE_EQ(summary_share_of_bf16_kv(s), double(q) / (2.0 * P * d * 2));
+      }
     }
-  // LOCKS.md's example: d = 128, r = 8, P = 16 is 768 bytes of codes plus 68 of scales.
-  EXPECT_EQ(summary_bytes_per_page({1, 16, 1, 128, 8, Precision::quant}), 836u);
+  // LOCKS.md's example: d = 128, r = 8, P = 16 is 768 bytes of codes plus 68 of scales with
+  // one basis scale a row; the library's default at d 128 (32-dim groups) adds 96.
+  EXPECT_EQ(summary_bytes_per_page({1, 16, 1, 128, 8, Precision::quant, 128}), 836u);
+  EXPECT_EQ(summary_bytes_per_page({1, 16, 1, 128, 8, Precision::quant, 32}), 932u);
 }
 
 }  // namespace

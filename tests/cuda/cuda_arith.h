@@ -6,6 +6,12 @@
 //     q.mu and on the (V q).c terms; the int4/int8 codes are exact. A third 2^-11 covers fp16
 //     subnormals (query entries below 2^-14 of the head's largest). So |error| <= 2^-9 A.
 //     (G <= 4 and d 256 keep hi + lo halves, about 22 bits: the same bound holds.)
+//     Int4 bases with 32-dim scale groups (basis_group < head_dim): each code enters as
+//     fl16(code * fl16(s_kj / m_k)), m_k = max_j s_kj (score_mma.cu, (b)): two fp16 roundings
+//     of a value <= 7 in units of m_k, 2^-11 relative each when normal, 2^-25 absolute each
+//     when subnormal (the ratio's, times |code| <= 7, plus the product's: 8 * 2^-25 = 2^-22);
+//     the ratio's two fp32 operations add 2^-23 relative. So every entry B_kc is within
+//     2^-10 (1 + 2^-10) |B_kc| + 2^-21 m_k (u_basis, basis_abs: test_compare.h).
 //   aggregation: __expf / __logf, within ~100 ulp for the log-domain shares: 1e-5 absolute;
 //   attention: the query as two 16-bit halves (hi + lo): 2^-15 (same subnormal margin);
 //     softmax weights rounded to the cache's 16-bit type for P V: 2^-8 (bf16), 2^-11 (f16).
@@ -19,6 +25,8 @@ namespace locks::test {
 inline ArithModel cuda_arith(DType kv) {
   ArithModel m;
   m.u_score = 1.0 / 512;
+  m.u_basis = (1.0 / 1024) * (1.0 + 1.0 / 1024);
+  m.basis_abs = 1.0 / (1 << 21);
   m.agg_abs = 1e-5;
   m.u_query = 1.0 / 32768;
   m.u_weight = kv == DType::f16 ? 1.0 / 2048 : 1.0 / 256;

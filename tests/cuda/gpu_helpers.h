@@ -161,7 +161,7 @@ struct GpuSummaries {
       mu_q = DevBuf<int8_t>(nb * d);
       mu_scale = DevBuf<float>(nb);
       basis_q = DevBuf<uint8_t>(nb * r * d / 2);
-      basis_scale = DevBuf<float>(nb * r);
+      basis_scale = DevBuf<float>(nb * size_t(basis_scales_per_head(L)));
       coeff_q = DevBuf<int8_t>(nb * P * r);
       coeff_scale = DevBuf<float>(nb * r);
     }
@@ -186,7 +186,7 @@ struct GpuSummaries {
       mu_q.upload(h.mu_q, nb * d);
       mu_scale.upload(h.mu_scale, nb);
       basis_q.upload(h.basis_q, nb * r * d / 2);
-      basis_scale.upload(h.basis_scale, nb * r);
+      basis_scale.upload(h.basis_scale, nb * size_t(basis_scales_per_head(L)));
       coeff_q.upload(h.coeff_q, nb * P * r);
       coeff_scale.upload(h.coeff_scale, nb * r);
     }

@@ -26,11 +26,13 @@ struct OpCase {
   DType dtype;
   std::vector<int64_t> lens;
   SelectConfig sel;
+  int basis_group = 0;  // dims per int4 basis scale; 0 = summary_layout_for's default
 };
 
 std::string name(const OpCase& c) {
   return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_d" + std::to_string(c.d) +
-         "_" + precision_name(c.prec) + "_" + dtype_name(c.dtype);
+         "_" + precision_name(c.prec) + "_" + dtype_name(c.dtype) +
+         (c.basis_group ? "_g" + std::to_string(c.basis_group) : "");
 }
 
 void PrintTo(const OpCase& c, std::ostream* os) { *os << name(c); }
@@ -49,7 +51,7 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   gc.add_structured(c.lens, 1000);
   const int B = int(c.lens.size()), M = gc.batch.view.max_blocks_per_seq;
   const std::vector<int32_t> ids = gc.full_blocks();
-  SummaryLayout sl = summary_layout_for(L, r, c.prec);
+  SummaryLayout sl = summary_layout_for(L, r, c.prec, c.basis_group);
   SummaryStore store(sl);
   cpu::summary_build(gc.host.view(), ids.data(), int64_t(ids.size()), store.view());
   GpuSummaries gs(sl);
@@ -59,6 +61,7 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   DevBuf<float> dq(q);
   cuda::Plan plan{L, Hq, B, M, DecodeConfig{c.sel, 0.0f}};
   plan.precision = c.prec;
+  plan.basis_group = c.basis_group;
   cuda::Decoder dec(plan);
   const float scale = dec.scale();
   const QueryView hq{q.data(), Hq}, dqv{dq.p, Hq};
@@ -84,9 +87,8 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
       ASSERT_TRUE(std::isfinite(hs[i])) << "score " << i;
       const int bh = int(i / size_t(M)), j = int(i % size_t(M)), b = bh / Hq, hq = bh % Hq;
       const int32_t blk = hb.block_table[int64_t(b) * hb.block_table_stride + j];
-      const double A = test::logit_magnitude(hv, blk, hq / c.G, q.data() + size_t(bh) * d, scale);
-      const double tol = (2 * (d + r) * test::kEps32 + am.u_score) * A +
-                         8 * test::kEps32 * (std::fabs(ref_hs[i]) + P);
+      const double tol =
+          test::score_tolerance(hv, blk, hq / c.G, q.data() + size_t(bh) * d, scale, ref_hs[i], am);
       ASSERT_NEAR(hs[i], ref_hs[i], tol) << "score " << i;
       stol[i] = tol;
       worst = std::max(worst, std::fabs(hs[i] - ref_hs[i]) / std::max(1.0, std::fabs(ref_hs[i])));
@@ -233,6 +235,11 @@ INSTANTIATE_TEST_SUITE_P(
                       OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}},
                       OpCase{2, 4, 128, Precision::fp32, DType::f16, kRagged, {512, 1, 2}},
                       OpCase{1, 16, 64, Precision::fp32, DType::bf16, kRagged, {100, 0, 1}},
+                      // one int4 basis scale a row at d 128 (the default there is 32 dims; the
+                      // tensor-core kernel's per-row instances), and 32 at d 64 (CUDA cores)
+                      OpCase{2, 4, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 128},
+                      OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}, 128},
+                      OpCase{4, 1, 64, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 32},
                       // more than one 4096-page selection chunk
                       OpCase{1,
                              4,
@@ -255,6 +262,7 @@ INSTANTIATE_TEST_SUITE_P(
                       OpCase{4, 2, 256, Precision::quant, DType::f16, kRagged, {1024, 1, 2}},
                       OpCase{1, 8, 256, Precision::quant, DType::bf16, kRagged, {512, 0, 2}},
                       OpCase{1, 32, 256, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
+                      OpCase{1, 4, 256, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 256},
                       OpCase{1, 32, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},
                       OpCase{2, 24, 128, Precision::quant, DType::f16, kRagged, {256, 0, 1}},
                       OpCase{4, 7, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}},

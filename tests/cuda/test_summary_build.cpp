@@ -98,18 +98,18 @@ void expect_quant_matches_host(const SummaryView& gv, GpuSummaries& gq,
   int64_t codes = 0, off_by_one = 0;
   std::vector<int8_t> hm(d), hc(P * r);
   std::vector<uint8_t> hb(r * d / 2);
-  std::vector<float> hbs(r), hcs(r);
+  // the quant build's scale groups (gq.L), one a row or per basis_group dims
+  const int g = gq.L.basis_group, nv = int(basis_scales_per_head(gq.L));
+  std::vector<float> hbs(nv), hcs(r);
   float hms = 0;
   for (int32_t id : ids)
     for (int h = 0; h < H; ++h) {
       const int64_t bh = int64_t(id) * H + h;
-      summary_quantize(gv.mu + bh * d, gv.basis + bh * r * d, gv.coeff + bh * P * r, d, P, r,
+      summary_quantize(gv.mu + bh * d, gv.basis + bh * r * d, gv.coeff + bh * P * r, d, P, r, g,
                        hm.data(), &hms, hb.data(), hbs.data(), hc.data(), hcs.data());
       EXPECT_FLOAT_EQ(hms, mu_s[size_t(bh)]);
-      for (int k = 0; k < r; ++k) {
-        EXPECT_FLOAT_EQ(hbs[k], bs[size_t(bh * r + k)]);
-        EXPECT_FLOAT_EQ(hcs[k], cs[size_t(bh * r + k)]);
-      }
+      for (int k = 0; k < nv; ++k) EXPECT_FLOAT_EQ(hbs[k], bs[size_t(bh * nv + k)]);
+      for (int k = 0; k < r; ++k) EXPECT_FLOAT_EQ(hcs[k], cs[size_t(bh * r + k)]);
       auto cmp = [&](int a, int b) {
         ++codes;
         ASSERT_LE(std::abs(a - b), 1) << "block " << id << " head " << h;
@@ -157,13 +157,17 @@ TEST_P(SummaryBuildTest, MatchesCpuAndQuantizer) {
   const SummaryView gv = gpu_store.view();
   expect_matches_cpu(gv, cpu_store.view(), ids, c.decay < 1.0f);
 
-  SummaryLayout ql = summary_layout_for(L, r, Precision::quant);
-  GpuSummaries gq(ql);
-  gq.mu_q.poison(), gq.basis_q.poison(), gq.coeff_q.poison();
-  cuda::SummaryBuilder qb(L, ql, c.solver, n);
-  qb.build(gc.dview(), dids.p, n, gq.view(), nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_quant_matches_host(gv, gq, ids);
+  // int4 basis scales one a row, per 32 dims (the default at d >= 128) and per 16 dims
+  for (int g : {c.d, 32, 16}) {
+    SCOPED_TRACE(testing::Message() << "basis_group " << g);
+    SummaryLayout ql = summary_layout_for(L, r, Precision::quant, g);
+    GpuSummaries gq(ql);
+    gq.mu_q.poison(), gq.basis_q.poison(), gq.coeff_q.poison(), gq.basis_scale.poison();
+    cuda::SummaryBuilder qb(L, ql, c.solver, n);
+    qb.build(gc.dview(), dids.p, n, gq.view(), nullptr);
+    CK(cudaDeviceSynchronize());
+    expect_quant_matches_host(gv, gq, ids);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -264,10 +268,11 @@ void poison_quant(GpuSummaries& g) {
 }
 void expect_quant_untouched(GpuSummaries& g, int H, int r, int d, int P,
                             const std::vector<char>& built) {
+  const size_t nv = size_t(basis_scales_per_head(g.L));
   expect_untouched(g.mu_q, size_t(H) * d, built, "mu_q");
   expect_untouched(g.mu_scale, size_t(H), built, "mu_scale");
   expect_untouched(g.basis_q, size_t(H) * r * d / 2, built, "basis_q");
-  expect_untouched(g.basis_scale, size_t(H) * r, built, "basis_scale");
+  expect_untouched(g.basis_scale, size_t(H) * nv, built, "basis_scale");
   expect_untouched(g.coeff_q, size_t(H) * P * r, built, "coeff_q");
   expect_untouched(g.coeff_scale, size_t(H) * r, built, "coeff_scale");
 }

@@ -41,6 +41,7 @@ struct OpCase {
   std::vector<int32_t> lens;
   bool structured = false;
   bool weighted = false;  // query-weighted summaries (summary.h: SummaryView::qweight)
+  int basis_group = 0;    // dims per int4 basis scale; 0 = summary_layout_for's default
   KvMem kv = KvMem::dense;
 };
 
@@ -49,6 +50,7 @@ std::string name_of(const OpCase& c) {
   os << dtype_name(c.dtype) << "_d" << c.head_dim << "_P" << c.page_size << "_H" << c.kv_heads
      << "_G" << c.group << "_r" << c.rank << "_" << precision_name(c.precision) << "_B"
      << c.lens.size() << (c.weighted ? "_wq" : "")
+     << (c.basis_group ? "_g" + std::to_string(c.basis_group) : "")
      << (c.kv == KvMem::interleaved ? "_kvi"
          : c.kv == KvMem::padded    ? "_pad"
                                     : "");
@@ -88,11 +90,26 @@ std::vector<OpCase> cases() {
        {37, 16, 200, 513},
        true,
        false,
+       0,
        KvMem::interleaved},
-      {DType::bf16, 128, 16, 1, 8, 8, P::quant, {300, 48}, false, false, KvMem::interleaved},
-      {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}, false, false, KvMem::interleaved},
-      {DType::f16, 64, 16, 2, 1, 4, P::fp32, {100, 33}, false, false, KvMem::padded},
-      {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}, false, false, KvMem::padded},
+      {DType::bf16, 128, 16, 1, 8, 8, P::quant, {300, 48}, false, false, 0, KvMem::interleaved},
+      {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}, false, false, 0, KvMem::interleaved},
+      {DType::f16, 64, 16, 2, 1, 4, P::fp32, {100, 33}, false, false, 0, KvMem::padded},
+      {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}, false, false, 0, KvMem::padded},
+      // int4 basis scale groups (summary.h's basis_group): the default above is 32 dims at d 128
+      // / 256 (the tensor-core kernel's grouped instances) and one scale a row at d <= 96. One
+      // a row at d 128 / 256 (per-row instances: hi/lo G 4, rounded-once G 16, d 256), 32 at
+      // d 64 and 16 at d 128 (the CUDA-core kernel), structured and random keys, with and
+      // without query weights; d 256 G 8 takes two head slices.
+      {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true, false, 128},
+      {DType::bf16, 128, 16, 1, 16, 8, P::quant, {300}, false, false, 128},
+      {DType::bf16, 256, 16, 2, 2, 8, P::quant, {300, 70}, false, false, 256},
+      {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true, true, 256},
+      {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true},
+      {DType::f16, 256, 16, 1, 8, 8, P::quant, {200, 33}, false, true},
+      {DType::bf16, 64, 16, 2, 4, 8, P::quant, {257, 64}, true, false, 32},
+      {DType::f16, 64, 16, 1, 8, 8, P::quant, {150}, false, true, 32},
+      {DType::bf16, 128, 16, 2, 8, 8, P::quant, {300, 48}, true, false, 16},
   };
 }
 
@@ -142,7 +159,7 @@ struct Summaries {
       dev.mu_q = static_cast<int8_t*>(add(nb * d));
       dev.mu_scale = static_cast<float*>(add(nb * 4));
       dev.basis_q = static_cast<uint8_t*>(add(nb * r * d / 2));
-      dev.basis_scale = static_cast<float*>(add(nb * r * 4));
+      dev.basis_scale = static_cast<float*>(add(nb * size_t(basis_scales_per_head(l)) * 4));
       dev.coeff_q = static_cast<int8_t*>(add(nb * P * r));
       dev.coeff_scale = static_cast<float*>(add(nb * r * 4));
     }
@@ -189,9 +206,25 @@ void expect_summary_matches(const TestCache& t, const SummaryView& sv, int32_t b
     std::copy_n(sv.coeff + bh * P * r, P * r, coeff.begin());
   } else {
     summary_dequantize(sv.mu_q + bh * d, sv.mu_scale[bh], sv.basis_q + bh * r * (d / 2),
-                       sv.basis_scale + bh * r, sv.coeff_q + bh * P * r, sv.coeff_scale + bh * r, d,
-                       P, r, mu.data(), basis.data(), coeff.data());
+                       sv.basis_scale + bh * basis_scales_per_head(l), sv.coeff_q + bh * P * r,
+                       sv.coeff_scale + bh * r, d, P, r, l.basis_group, mu.data(), basis.data(),
+                       coeff.data());
     half_step = 0.5 * sv.mu_scale[bh] * (1 + 1e-6);
+    // Each basis scale is its own group's (summary.h): the group's largest entry has code +-7
+    // (a scale shared by the row would leave the smaller groups' codes below 7).
+    const int g = l.basis_group, ng = d / g;
+    for (int k = 0; k < r; ++k)
+      for (int j = 0; j < ng; ++j) {
+        const float sj = sv.basis_scale[(bh * r + k) * ng + j];
+        int top = 0;
+        for (int c = j * g; c < (j + 1) * g; ++c) {
+          const uint8_t byte = sv.basis_q[(bh * r + k) * (d / 2) + c / 2];
+          const int nib = c % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+          top = std::max(top, std::abs(nib >= 8 ? nib - 16 : nib));
+        }
+        EXPECT_EQ(top, sj > 0 ? 7 : 0)
+            << "basis row " << k << " group " << j << " of block " << blk << " head " << h;
+      }
   }
   double kmax = 0;
   const CacheLayout& L = t.layout();
@@ -256,7 +289,7 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {
     batch_.block_table = bt_->as<int32_t>();
     batch_.seq_lens = lens_->as<int32_t>();
     qv_ = {q_->as<float>(), sp.num_q_heads};
-    sl_ = summary_layout_for(L, c.rank, c.precision);
+    sl_ = summary_layout_for(L, c.rank, c.precision, c.basis_group);
     if (c.weighted) {  // weights over two orders of magnitude, like real query RMS profiles
       std::mt19937 rng(uint32_t(11 + c.head_dim));
       std::normal_distribution<float> n(0.0f, 1.2f);
@@ -516,6 +549,12 @@ TEST_P(BackendOps, RunCallsRejectCallsOutsideThePlan) {
   SummaryView wrong = s->dev;
   wrong.layout.rank = sl_.rank == 1 ? 2 : sl_.rank - 1;
   Dev hs(be_.get(), size_t(B) * Hq * t_.max_blocks() * 4);
+  EXPECT_THROW(
+      be_->score_pages(plan, {ws.p, plan.workspace_bytes}, wrong, batch_, qv_, hs.as<float>()),
+      InvalidArgument);
+  // Summaries with other basis scale groups than planned (valid on their own).
+  wrong = s->dev;
+  wrong.layout.basis_group = sl_.basis_group == 2 ? 4 : 2;
   EXPECT_THROW(
       be_->score_pages(plan, {ws.p, plan.workspace_bytes}, wrong, batch_, qv_, hs.as<float>()),
       InvalidArgument);

@@ -148,7 +148,8 @@ def dequant(sq):
     lo = torch.where(lo > 7, lo - 16, lo)
     hi = torch.where(hi > 7, hi - 16, hi)
     codes = torch.stack([lo, hi], dim=-1).reshape(*basis_q.shape[:-1], d).float()
-    basis = codes * basis_scale[..., None]
+    # basis_scale [N, H, r, d / g]: one scale per g dims of a row (summary.h's basis_group)
+    basis = (codes.unflatten(-1, (basis_scale.shape[-1], -1)) * basis_scale[..., None]).flatten(-2)
     coeff = coeff_q.float() * coeff_scale[:, :, None, :]
     return mu, basis, coeff
 

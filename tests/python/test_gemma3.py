@@ -89,10 +89,19 @@ def test_hf_drop_in_serves_global_layers_and_leaves_sliding_ones(model_tok):
             assert (a - b).abs().max() <= 1e-3 * b.abs().max()  # float32, different reduction order
         hf.enable(model, budget=128, precision="int4")
         cache = hf.LocksCache(model.config, model.locks_config)
-        sparse = model.generate(ids, **gen, **{kw: cache})
+        # Teacher-forced on the dense model's 12 tokens: each sparse step predicts the next token
+        # in the same context as the dense step did (a free-running generation would compare
+        # different contexts after its first differing token: one near-tie flip there moved
+        # the count from 7 to 4 between two equally good int4 layouts, while the teacher-forced
+        # count stayed at 10 of 12 for both).
+        out = model(input_ids=ids, use_cache=True, **{kw: cache})
+        logits = [out.logits[:, -1]]
+        for t in want.sequences[0, ids.shape[1]:-1]:
+            out = model(input_ids=t.view(1, 1), use_cache=True, **{kw: cache})
+            logits.append(out.logits[:, -1])
         counts = [cache.layers[i].last_counts for i in glob]
         assert all(int(c.max()) <= 128 // 16 for c in counts)  # 8 pages of 16 tokens per KV head
-        top1 = sum(int(a.argmax(-1) == b.argmax(-1)) for a, b in zip(sparse.logits, want.logits))
-        assert top1 >= 6, top1  # 128 of 712 tokens on 3 of 18 layers: still the text's tokens
+        top1 = sum(int(a.argmax(-1) == b.argmax(-1)) for a, b in zip(logits, want.logits))
+        assert top1 >= 8, top1  # 128 of 712 tokens on 3 of 18 layers: still the text's tokens
     finally:
         hf.disable(model)

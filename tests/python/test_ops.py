@@ -296,25 +296,71 @@ def dequant(sq, d):
     lo = torch.where(lo > 7, lo - 16, lo)
     hi = torch.where(hi > 7, hi - 16, hi)
     codes = torch.stack([lo, hi], dim=-1).reshape(*sq.basis_q.shape[:-1], d).float()
-    basis = codes * sq.basis_scale[..., None]
+    # basis_scale [N, H, r, d / g]: one scale per g dims of a row (summary.h's basis_group)
+    basis = (codes.unflatten(-1, (sq.basis_scale.shape[-1], -1)) * sq.basis_scale[..., None]).flatten(-2)
     coeff = sq.coeff_q.float() * sq.coeff_scale[:, :, None, :]
     return mu, basis, coeff
 
 
-def test_quant_summaries_are_the_quantized_fp32_summaries():
+@pytest.mark.parametrize("d,group", [(64, None), (128, None), (256, None), (128, 128), (256, 16)])
+def test_quant_summaries_are_the_quantized_fp32_summaries(d, group):
+    """int4 = the fp32 build quantized: each basis scale is its group's max / 7 (None: the
+    default groups, 32 dims at d >= 128, one a row at 64) and every entry is within half its
+    group's step."""
     nb = 6
-    k, _ = make_cache(nb)
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(nb, P, H, d, generator=g) * torch.exp(torch.randn(d, generator=g))  # uneven channels
     ids = torch.arange(nb, dtype=torch.int32)
-    sf = ops.new_summaries(nb, H, D, P, 8)
-    sq = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    sf = ops.new_summaries(nb, H, d, P, 8)
+    sq = ops.new_summaries(nb, H, d, P, 8, precision="int4", basis_group=group)
+    gs = group or ops.default_basis_group(d)
+    assert sq.basis_scale.shape == (nb, H, 8, d // gs)
     ops.summary_build(k, ids, sf)
     ops.summary_build(k, ids, sq)
-    mu, basis, coeff = dequant(sq, D)
+    mu, basis, coeff = dequant(sq, d)
     assert (mu - sf.mu).abs().max() <= sq.mu_scale.max() / 2 * 1.001 + 1e-6
     # same solver, same singular vectors up to sign: compare each row with its sign aligned
     sign = torch.sign((basis * sf.basis).sum(-1, keepdim=True))
-    assert (sign * basis - sf.basis).abs().max() <= sq.basis_scale.max() / 2 * 1.001 + 1e-6
+    step = sq.basis_scale.repeat_interleave(gs, dim=-1)  # each entry's own group scale
+    assert ((sign * basis - sf.basis).abs() <= step / 2 * 1.001 + 1e-6).all()
+    group_max = sf.basis.abs().unflatten(-1, (d // gs, gs)).amax(-1)
+    torch.testing.assert_close(sq.basis_scale, group_max / 7, rtol=1e-6, atol=0)
     assert (sign.squeeze(-1)[:, :, None, :] * coeff - sf.coeff).abs().max() <= sq.coeff_scale.max() / 2 * 1.001 + 1e-5
+
+
+def test_default_basis_scale_groups_decode_and_refuse_others():
+    """The plans take the default groups (32 dims at d 128): int4 summaries of those decode;
+    summaries with other groups (valid for the build) are refused at the step, naming
+    basis_group; a basis_scale that is not [N, H, r, d / g] is refused by the views."""
+    d, nb, mb = 128, 20, 10
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(nb, P, H, d, generator=g)
+    v = torch.randn(nb, P, H, d, generator=g)
+    bt, sl = batch(nb, [150, 90], mb)
+    q = torch.randn(2, 3 * H, d, generator=g)
+    w = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=d, num_blocks=nb,
+                                     max_batch=2, max_blocks_per_seq=mb, precision="int4",
+                                     kv_dtype=torch.float32, budget_tokens=64)
+    ids = torch.arange(nb, dtype=torch.int32)
+    s = ops.new_summaries(nb, H, d, P, 8, precision="int4")
+    ops.summary_build(k, ids, s)
+    pages, counts = w.select(q, s, bt, sl)
+    assert counts.tolist() == [[4, 4], [4, 4]]
+    per_row = ops.new_summaries(nb, H, d, P, 8, precision="int4", basis_group=d)
+    ops.summary_build(k, ids, per_row)
+    with pytest.raises(ValueError, match="basis_group"):
+        w.select(q, per_row, bt, sl)
+    old = list(s)
+    old[3] = s.basis_scale[..., 0].contiguous()  # [N, H, r]: the former one-a-row format
+    with pytest.raises(ValueError, match="basis_scale"):
+        ops.summary_build(k, ids, old)
+    odd = list(s)
+    odd[3] = torch.zeros(nb, H, 8, 3)  # 128 / 3 dims a group
+    with pytest.raises(ValueError, match="basis_scale"):
+        w.select(q, odd, bt, sl)
+    for bad in (0, 3, 48, 256):
+        with pytest.raises(ValueError, match="basis_group"):
+            ops.new_summaries(nb, H, d, P, 8, precision="int4", basis_group=bad)
 
 
 def test_quant_selection_and_update():

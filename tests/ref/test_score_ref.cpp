@@ -35,7 +35,7 @@ void expect_full_rank_scores_exact(const float* qweight) {
   sp.num_q_heads = 1;
   TestCache t = make_cache(sp);
   const int P = 16, d = 64, r = P - 1;
-  SummaryLayout sl{t.layout().num_blocks, P, 1, d, r, Precision::fp32};
+  SummaryLayout sl{t.layout().num_blocks, P, 1, d, r, Precision::fp32, d};
   std::vector<float> mu(size_t(sl.num_blocks) * d), basis(size_t(sl.num_blocks) * r * d),
       coeff(size_t(sl.num_blocks) * P * r);
   SummaryView sv{sl, mu.data(), basis.data(), coeff.data()};

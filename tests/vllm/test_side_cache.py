@@ -9,11 +9,16 @@ from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, fie
 from helpers import fake_config
 
 
-def test_geometry_int4_is_836_bytes_per_head_at_d128():
-    g = SummaryGeometry(num_kv_heads=2, head_dim=128, rank=8, precision="int4")
-    assert g.bytes_per_block == 2 * 836                     # docs/method.md
-    assert g.page_bytes >= g.bytes_per_block + g.slack and g.page_bytes % 16 == 0
-    assert g.page_bytes / (2 * 16 * 2 * 128 * 2) < 0.11     # ~10% of the bf16 K+V page
+@pytest.mark.parametrize("d,per_head", [(128, 932), (64, 516), (256, 1700)])
+def test_geometry_int4_bytes_per_head(d, per_head):
+    """summary_bytes_per_page of the library's layout (docs/method.md): int4 basis scales per 32
+    dims at d 128 / 256 (basis_scale [H, r, d / 32]), one a row at d 64."""
+    g = SummaryGeometry(num_kv_heads=2, head_dim=d, rank=8, precision="int4")
+    assert g.bytes_per_block == 2 * per_head
+    assert dict((n, s) for n, _, s in g.fields())["basis_scale"] == (2, 8, d // (32 if d >= 128 else d))
+    # the page holds the summary and its alignment slack, rounded up to whole token slots
+    assert g.bytes_per_block + g.slack <= g.page_bytes < g.bytes_per_block + g.slack + g.page_size
+    assert g.page_bytes % 16 == 0
 
 
 def test_side_cache_shares_the_attention_group():

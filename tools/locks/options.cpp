@@ -24,11 +24,12 @@ void check_rank_and_budget(int rank, int page_size, const SelectConfig& select) 
 }
 
 EvalOptions parse_eval_options(const std::vector<std::string>& args) {
-  const Args o(args,
-               {"--capture", "--out", "--budgets", "--methods", "--page-size", "--rank",
-                "--basis-rank", "--rocket-dims", "--sink", "--recent", "--snapkv-keep",
-                "--outlier-share", "--qweight-floor", "--title", "--tau", "--floor-pages"},
-               {"--no-plots", "--per-query", "--force"});
+  const Args o(
+      args,
+      {"--capture", "--out", "--budgets", "--methods", "--page-size", "--rank", "--basis-rank",
+       "--rocket-dims", "--sink", "--recent", "--snapkv-keep", "--outlier-share", "--qweight-floor",
+       "--title", "--tau", "--floor-pages", "--basis-group"},
+      {"--no-plots", "--per-query", "--force"});
   EvalOptions e;
   eval::EvalConfig& cfg = e.cfg;
   e.capture = o.required("--capture");
@@ -50,6 +51,7 @@ EvalOptions parse_eval_options(const std::vector<std::string>& args) {
   cfg.floor_pages = static_cast<int>(o.integer("--floor-pages", 1, 0, 1 << 20));
   cfg.params.rank = static_cast<int>(o.integer("--rank", 8, 1, 255));
   cfg.params.basis_rank = static_cast<int>(o.integer("--basis-rank", 0, 0, 256));
+  cfg.params.basis_group = static_cast<int>(o.integer("--basis-group", 0, 0, 256));
   cfg.params.rocket_dims = static_cast<int>(o.integer("--rocket-dims", 0, 0, 256));
   cfg.params.snapkv_keep = o.real("--snapkv-keep", cfg.params.snapkv_keep, 1.0, 1e6);
   cfg.params.shadow_outlier_share =

@@ -45,6 +45,7 @@ struct Plan {
   // The summaries the decoder will score (geometry from cache).
   int rank = 8;
   Precision precision = Precision::quant;
+  int basis_group = 0;  // dims per int4 basis scale; 0 = default_basis_group(head_dim)
 };
 
 // A convenience owner over the contract for tests and benchmarks: plans at construction,

@@ -61,7 +61,9 @@ class PageSelector {
 };
 
 struct SelectorParams {
-  int rank = 8;         // LOCKS summary rank r
+  int rank = 8;  // LOCKS summary rank r
+  // LOCKS int4 summaries: dims per basis scale; 0 = the library's default_basis_group(d)
+  int basis_group = 0;
   int basis_rank = 0;   // shared basis rank R; 0 = head_dim / 4
   int rocket_dims = 0;  // RocketKV: query dimensions used per head; 0 = head_dim / 4
   // locks_wq: floor of the query weights' power, as a share of its mean over channels

@@ -42,13 +42,16 @@ class SummaryGeometry:
 
     def fields(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """(name, dtype, per-block shape) of each summary array, in the operators' order."""
+        from ..ops import default_basis_group  # the plans' int4 basis scale groups
+
         H, d, P, r = self.num_kv_heads, self.head_dim, self.page_size, self.rank
         if self.precision == "fp32":
             return [("mu", torch.float32, (H, d)), ("basis", torch.float32, (H, r, d)),
                     ("coeff", torch.float32, (H, P, r))]
         if self.precision == "int4":
             return [("mu_q", torch.int8, (H, d)), ("mu_scale", torch.float32, (H,)),
-                    ("basis_q", torch.uint8, (H, r, d // 2)), ("basis_scale", torch.float32, (H, r)),
+                    ("basis_q", torch.uint8, (H, r, d // 2)),
+                    ("basis_scale", torch.float32, (H, r, d // default_basis_group(d))),
                     ("coeff_q", torch.int8, (H, P, r)), ("coeff_scale", torch.float32, (H, r))]
         raise ValueError(f"precision must be 'int4' or 'fp32', got {self.precision!r}")
 
