@@ -19,10 +19,13 @@
 //     coeff_q     int8  [num_blocks, H, P, r]       coeff ~= coeff_q * coeff_scale[k]
 //     coeff_scale float [num_blocks, H, r]          = max_i |coeff[i][k]| / 127
 // Quantization is symmetric round-to-nearest; a zero range gives scale 0 and codes 0.
-// Basis scale groups (basis_group): at head_dim >= 128 the basis rows' entries spread over
-// channels of very different magnitude (Gemma-3's queries and keys; docs/study_gemma3.md), so
-// one int4 scale a row wastes the small channels' codes; a scale per 32 dims keeps them
-// (docs/quantization.md has the error bound per group). At head_dim <= 64 one scale a row.
+// Basis scale groups (basis_group): at head_dim 256 the basis rows' entries spread over
+// channels of very different magnitude (Gemma-3's queries and keys, and the query-weighted
+// basis that is on by default there; docs/study_gemma3.md), so one int4 scale a row wastes the
+// small channels' codes; a scale per 32 dims keeps them (docs/quantization.md has the error
+// bound per group). At head_dim <= 128 the default is one scale a row: there group scales
+// showed no recall gain on the plain basis and cost the tensor-core scorer ~19% (Llama-3.1-8B
+// 128K batch 8, docs/cuda_notes.md v18); they remain available (basis_group 16 / 32).
 // Query-weighted summaries (optional, SummaryView::qweight; docs/method.md): with per-channel
 // weights w > 0 of each KV head, the basis and coefficients are those of the weighted
 // deviations (k_i - mu) * w (elementwise), so that the rank-r fit is best where the queries
@@ -59,7 +62,7 @@ struct SummaryLayout {
   int basis_group = 0;
 };
 
-// The library's basis scale group: 32 at head_dim >= 128 (when 32 divides it), else one
+// The library's basis scale group: 32 at head_dim >= 256 (when 32 divides it), else one
 // scale a row (head_dim).
 int default_basis_group(int head_dim);
 // Throws unless 1 <= rank < page_size, rank <= head_dim, head_dim even, and basis_group an

@@ -25,7 +25,7 @@ void validate_summary_layout(const SummaryLayout& s) {
 }
 
 int default_basis_group(int head_dim) {
-  return head_dim >= 128 && head_dim % 32 == 0 ? 32 : head_dim;
+  return head_dim >= 256 && head_dim % 32 == 0 ? 32 : head_dim;
 }
 
 SummaryLayout summary_layout_for(const CacheLayout& cache, int rank, Precision precision,

@@ -321,7 +321,7 @@ TEST(ImplQuantize, DefaultBasisGroup) {
   EXPECT_EQ(locks::default_basis_group(32), 32);
   EXPECT_EQ(locks::default_basis_group(64), 64);
   EXPECT_EQ(locks::default_basis_group(96), 96);
-  EXPECT_EQ(locks::default_basis_group(128), 32);
+  EXPECT_EQ(locks::default_basis_group(128), 128);
   EXPECT_EQ(locks::default_basis_group(256), 32);
   const locks::CacheLayout c{4, 16, 2, 256, locks::DType::bf16};
   EXPECT_EQ(locks::summary_layout_for(c, 8, locks::Precision::quant).basis_group, 32);

@@ -235,10 +235,10 @@ INSTANTIATE_TEST_SUITE_P(
                       OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}},
                       OpCase{2, 4, 128, Precision::fp32, DType::f16, kRagged, {512, 1, 2}},
                       OpCase{1, 16, 64, Precision::fp32, DType::bf16, kRagged, {100, 0, 1}},
-                      // one int4 basis scale a row at d 128 (the default there is 32 dims; the
-                      // tensor-core kernel's per-row instances), and 32 at d 64 (CUDA cores)
-                      OpCase{2, 4, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 128},
-                      OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}, 128},
+                      // int4 basis scales per 32 dims at d 128 (the default there is one a row;
+                      // the tensor-core kernel's grouped instances), and 32 at d 64 (CUDA cores)
+                      OpCase{2, 4, 128, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 32},
+                      OpCase{2, 16, 128, Precision::quant, DType::bf16, kRagged, {2048, 1, 4}, 32},
                       OpCase{4, 1, 64, Precision::quant, DType::bf16, kRagged, {512, 1, 2}, 32},
                       // more than one 4096-page selection chunk
                       OpCase{1,

@@ -157,7 +157,7 @@ TEST_P(SummaryBuildTest, MatchesCpuAndQuantizer) {
   const SummaryView gv = gpu_store.view();
   expect_matches_cpu(gv, cpu_store.view(), ids, c.decay < 1.0f);
 
-  // int4 basis scales one a row, per 32 dims (the default at d >= 128) and per 16 dims
+  // int4 basis scales one a row, per 32 dims (the default at d >= 256) and per 16 dims
   for (int g : {c.d, 32, 16}) {
     SCOPED_TRACE(testing::Message() << "basis_group " << g);
     SummaryLayout ql = summary_layout_for(L, r, Precision::quant, g);
@@ -206,10 +206,35 @@ TEST(SummaryBuildStrided, InterleavedCacheBuildsTheSameBits) {
   DevBuf<int32_t> dids(ids);
   const int64_t n = int64_t(ids.size());
   const SummaryLayout sl = summary_layout_for(L, r, Precision::fp32);
+  // Bitwise (the blocks no page fills keep the NaN poison, which == would call unequal).
+  auto bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
   auto same = [&](const GpuSummaries& a, const GpuSummaries& b, const char* what) {
-    EXPECT_EQ(a.mu.download(), b.mu.download()) << what;
-    EXPECT_EQ(a.basis.download(), b.basis.download()) << what;
-    EXPECT_EQ(a.coeff.download(), b.coeff.download()) << what;
+    EXPECT_TRUE(bits(a.mu.download(), b.mu.download())) << what;
+    EXPECT_TRUE(bits(a.basis.download(), b.basis.download())) << what;
+    EXPECT_TRUE(bits(a.coeff.download(), b.coeff.download())) << what;
+  };
+  // cuSOLVER's batched Jacobi is not bit-reproducible from call to call (its sweeps run
+  // concurrently), so its two builds are compared on the key reconstructions mu + c B
+  // (sign-free), within float rounding of the keys' scale.
+  auto close = [&](const GpuSummaries& a, const GpuSummaries& b, const char* what) {
+    EXPECT_TRUE(bits(a.mu.download(), b.mu.download())) << what;
+    const auto ba = a.basis.download(), bb = b.basis.download();
+    const auto ca = a.coeff.download(), cb = b.coeff.download();
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < H; ++h) {
+        const size_t bh = size_t(ids[size_t(i)]) * H + h;
+        for (int t = 0; t < P; ++t)
+          for (int c = 0; c < d; ++c) {
+            double ra = 0, rb = 0;
+            for (int k = 0; k < r; ++k) {
+              ra += double(ca[(bh * P + t) * r + k]) * ba[(bh * r + k) * d + c];
+              rb += double(cb[(bh * P + t) * r + k]) * bb[(bh * r + k) * d + c];
+            }
+            ASSERT_NEAR(ra, rb, 1e-3) << what << " block " << ids[size_t(i)] << " head " << h;
+          }
+      }
   };
   for (const cuda::Solver solver : {cuda::Solver::warp_jacobi, cuda::Solver::cusolver}) {
     cuda::SummaryBuilder builder(L, sl, solver, n);
@@ -218,7 +243,10 @@ TEST(SummaryBuildStrided, InterleavedCacheBuildsTheSameBits) {
     builder.build(gc.dview(), dids.p, n, dense.view(), nullptr);
     builder.build(strided, dids.p, n, str.view(), nullptr);
     CK(cudaDeviceSynchronize());
-    same(dense, str, solver == cuda::Solver::cusolver ? "cusolver" : "warp_jacobi");
+    if (solver == cuda::Solver::cusolver)
+      close(dense, str, "cusolver");
+    else
+      same(dense, str, "warp_jacobi");
   }
   GpuSummaries dense(sl), str(sl);
   for (GpuSummaries* g : {&dense, &str}) g->mu.poison(), g->basis.poison(), g->coeff.poison();

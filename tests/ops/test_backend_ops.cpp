@@ -96,13 +96,13 @@ std::vector<OpCase> cases() {
       {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}, false, false, 0, KvMem::interleaved},
       {DType::f16, 64, 16, 2, 1, 4, P::fp32, {100, 33}, false, false, 0, KvMem::padded},
       {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}, false, false, 0, KvMem::padded},
-      // int4 basis scale groups (summary.h's basis_group): the default above is 32 dims at d 128
-      // / 256 (the tensor-core kernel's grouped instances) and one scale a row at d <= 96. One
-      // a row at d 128 / 256 (per-row instances: hi/lo G 4, rounded-once G 16, d 256), 32 at
+      // int4 basis scale groups (summary.h's basis_group): the default above is 32 dims at d 256
+      // (the tensor-core kernel's grouped instances) and one scale a row at d <= 128. 32 at
+      // d 128 (grouped instances: hi/lo G 4, rounded-once G 16), one a row at d 256, 32 at
       // d 64 and 16 at d 128 (the CUDA-core kernel), structured and random keys, with and
       // without query weights; d 256 G 8 takes two head slices.
-      {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true, false, 128},
-      {DType::bf16, 128, 16, 1, 16, 8, P::quant, {300}, false, false, 128},
+      {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true, false, 32},
+      {DType::bf16, 128, 16, 1, 16, 8, P::quant, {300}, false, false, 32},
       {DType::bf16, 256, 16, 2, 2, 8, P::quant, {300, 70}, false, false, 256},
       {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true, true, 256},
       {DType::bf16, 256, 16, 1, 4, 8, P::quant, {300, 70}, true},

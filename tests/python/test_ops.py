@@ -305,7 +305,7 @@ def dequant(sq, d):
 @pytest.mark.parametrize("d,group", [(64, None), (128, None), (256, None), (128, 128), (256, 16)])
 def test_quant_summaries_are_the_quantized_fp32_summaries(d, group):
     """int4 = the fp32 build quantized: each basis scale is its group's max / 7 (None: the
-    default groups, 32 dims at d >= 128, one a row at 64) and every entry is within half its
+    default groups, 32 dims at d >= 256, one a row at 64 / 128) and every entry is within half its
     group's step."""
     nb = 6
     g = torch.Generator().manual_seed(3)
@@ -329,10 +329,10 @@ def test_quant_summaries_are_the_quantized_fp32_summaries(d, group):
 
 
 def test_default_basis_scale_groups_decode_and_refuse_others():
-    """The plans take the default groups (32 dims at d 128): int4 summaries of those decode;
+    """The plans take the default groups (32 dims at d 256): int4 summaries of those decode;
     summaries with other groups (valid for the build) are refused at the step, naming
     basis_group; a basis_scale that is not [N, H, r, d / g] is refused by the views."""
-    d, nb, mb = 128, 20, 10
+    d, nb, mb = 256, 20, 10
     g = torch.Generator().manual_seed(5)
     k = torch.randn(nb, P, H, d, generator=g)
     v = torch.randn(nb, P, H, d, generator=g)
@@ -355,10 +355,10 @@ def test_default_basis_scale_groups_decode_and_refuse_others():
     with pytest.raises(ValueError, match="basis_scale"):
         ops.summary_build(k, ids, old)
     odd = list(s)
-    odd[3] = torch.zeros(nb, H, 8, 3)  # 128 / 3 dims a group
+    odd[3] = torch.zeros(nb, H, 8, 3)  # 256 / 3 dims a group
     with pytest.raises(ValueError, match="basis_scale"):
         w.select(q, odd, bt, sl)
-    for bad in (0, 3, 48, 256):
+    for bad in (0, 3, 48, 512):
         with pytest.raises(ValueError, match="basis_group"):
             ops.new_summaries(nb, H, d, P, 8, precision="int4", basis_group=bad)
 

@@ -15,7 +15,7 @@ def test_geometry_int4_bytes_per_head(d, per_head):
     dims at d 128 / 256 (basis_scale [H, r, d / 32]), one a row at d 64."""
     g = SummaryGeometry(num_kv_heads=2, head_dim=d, rank=8, precision="int4")
     assert g.bytes_per_block == 2 * per_head
-    assert dict((n, s) for n, _, s in g.fields())["basis_scale"] == (2, 8, d // (32 if d >= 128 else d))
+    assert dict((n, s) for n, _, s in g.fields())["basis_scale"] == (2, 8, d // (32 if d >= 256 else d))
     # the page holds the summary and its alignment slack, rounded up to whole token slots
     assert g.bytes_per_block + g.slack <= g.page_bytes < g.bytes_per_block + g.slack + g.page_size
     assert g.page_bytes % 16 == 0
