@@ -9,10 +9,10 @@ from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, fie
 from helpers import fake_config
 
 
-@pytest.mark.parametrize("d,per_head", [(128, 932), (64, 516), (256, 1700)])
+@pytest.mark.parametrize("d,per_head", [(128, 836), (64, 516), (256, 1700)])
 def test_geometry_int4_bytes_per_head(d, per_head):
     """summary_bytes_per_page of the library's layout (docs/method.md): int4 basis scales per 32
-    dims at d 128 / 256 (basis_scale [H, r, d / 32]), one a row at d 64."""
+    dims at d 256 (basis_scale [H, r, d / 32]), one a row at d 64 / 128."""
     g = SummaryGeometry(num_kv_heads=2, head_dim=d, rank=8, precision="int4")
     assert g.bytes_per_block == 2 * per_head
     assert dict((n, s) for n, _, s in g.fields())["basis_scale"] == (2, 8, d // (32 if d >= 256 else d))
