@@ -191,21 +191,32 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   cluster.barrier_wait();
 }
 
+// A launch configuration of kThreads-thread blocks in clusters of cs along x (the attribute
+// lives beside the configuration that points to it, hence not copyable).
+struct ClusterLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t lc = {};
+  ClusterLaunch(dim3 grid, int cs, cudaStream_t st) {
+    lc.gridDim = grid;
+    lc.blockDim = dim3(kThreads);
+    lc.stream = st;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cs);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Whether clusters of cs blocks of the kernel can be co-resident on this device (the
 // non-portable sizes above 8 depend on the GPC layout).
 bool cluster_fits(int cs) {
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(unsigned(cs));
-  lc.blockDim = dim3(kThreads);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cs);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
+  const ClusterLaunch cl(dim3(unsigned(cs)), cs, nullptr);
   int n = 0;
-  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup, true>, &lc) ==
+  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup, true>, &cl.lc) ==
              cudaSuccess &&
          n > 0;
 }
@@ -267,17 +278,8 @@ void launch_aggregate_select(const float* head_scores, const float* chunk_lse, i
                 group_scores,
                 out.pages,
                 out.counts};
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(unsigned(cluster), unsigned(Hkv), unsigned(batch.batch_size));
-  lc.blockDim = dim3(kThreads);
-  lc.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
+  const ClusterLaunch cl(dim3(unsigned(cluster), unsigned(Hkv), unsigned(batch.batch_size)),
+                         cluster, st);
   // Up to 8 blocks a row (512K tokens) the aggregation runs inside; with 16 (1M tokens), the
   // fused form measured no faster for G 4 and slower for G 16 (GLM 1M batch 1: step 119 ->
   // 127 us, v17 in docs/cuda_notes.md: 32 blocks reduce 16 heads x 4096 pages each), so the
@@ -285,11 +287,11 @@ void launch_aggregate_select(const float* head_scores, const float* chunk_lse, i
   if (!select_cluster_fused(cluster)) {
     launch_aggregate(head_scores, chunk_lse, n_chunks, chunk_pages, batch, Hq, Hkv, head_lse,
                      group_scores, st);
-    LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc, aggregate_select_cluster<1, false>, a));
+    LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&cl.lc, aggregate_select_cluster<1, false>, a));
     return;
   }
   const int G = Hq / Hkv;
-  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc,
+  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&cl.lc,
                                       G <= 8    ? aggregate_select_cluster<8, true>
                                       : G <= 16 ? aggregate_select_cluster<16, true>
                                                 : aggregate_select_cluster<kMaxGroup, true>,
