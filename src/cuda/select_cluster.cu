@@ -139,13 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       uint32_t* mine = cs.hist[pass & 1];  // read by the others in this pass only: the
       for (int i = threadIdx.x; i < 256; i += kThreads) mine[i] = 0;  // next pass's barrier
       __syncthreads();                                                // orders its reuse
-      for (int e = threadIdx.x; e < n; e += kThreads) {
-        const uint32_t k = keys[e];
-        const uint32_t bin = (k & mask) == prefix ? (k >> shift) & 255u : 256u;
-        const unsigned peers = __match_any_sync(__activemask(), bin);
-        if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
-          atomicAdd(&mine[bin], unsigned(__popc(peers)));
-      }
+      count_digits(key_of, n, prefix, mask, shift, mine);
       cluster.sync();  // every block's counts of this pass are complete
       for (int i = threadIdx.x; i < 256; i += kThreads) {
         uint32_t tot = 0;

@@ -83,6 +83,22 @@ __device__ __forceinline__ void find_digit(const uint32_t* hist, int remaining, 
   }
 }
 
+// One radix pass's counts: adds to hist[256] the digit at `shift` of every valid key whose
+// higher digits equal `prefix` (under `mask`). Scores crowd into few bins, so equal bins are
+// aggregated across the warp first (one shared atomic each).
+template <typename KeyFn>
+__device__ __forceinline__ void count_digits(KeyFn key_of, int n, uint32_t prefix, uint32_t mask,
+                                             int shift, uint32_t* hist) {
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    bool valid;
+    const uint32_t k = key_of(e, valid);
+    const uint32_t bin = (valid && (k & mask) == prefix) ? (k >> shift) & 255u : 256u;
+    const unsigned peers = __match_any_sync(__activemask(), bin);
+    if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
+      atomicAdd(&hist[bin], unsigned(__popc(peers)));
+  }
+}
+
 // Block-wide: the m-th largest key among valid elements (1 <= m < valid count) and the
 // number of elements equal to it that belong to the top m.
 template <typename KeyFn>
@@ -93,15 +109,7 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
     __syncthreads();
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      bool valid;
-      const uint32_t k = key_of(e, valid);
-      // Scores crowd into few bins: aggregate equal bins across the warp (one atomic each).
-      const uint32_t bin = (valid && (k & mask) == prefix) ? (k >> shift) & 255u : 256u;
-      const unsigned peers = __match_any_sync(__activemask(), bin);
-      if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1)
-        atomicAdd(&sm.hist[bin], unsigned(__popc(peers)));
-    }
+    count_digits(key_of, n, prefix, mask, shift, sm.hist);
     __syncthreads();
     find_digit(sm.hist, remaining, sm);
     __syncthreads();
