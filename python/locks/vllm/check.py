@@ -200,42 +200,18 @@ def passkey_prompt(tok, n_tokens: int, depth: float, seed: int) -> tuple[list[in
 
 
 # A greedy step is a numerical tie when the reference's top token leads the other backend's
-# choice by at most the resolution of the reference's logits. Two exact attention
-# implementations (FlashAttention's bf16 P @ V against an fp32 one, different split-K orders)
-# differ by about one bf16 ulp in each layer's attention output, which moves SmolLM2's logits by
-# a few hundredths of a nat; but vLLM computes the logits in the model dtype (bf16), so the
-# reported logprobs of one step differ by multiples of the logits' ulp (0.125 nat for logits in
-# [16, 32)), and a true gap of a few hundredths shows as 0 or one ulp. The resolution is read
-# from the run itself (logprob_quantum); TIE_NATS is the floor when it cannot be.
+# choice by at most this many nats: two exact attention implementations (FlashAttention's bf16
+# P @ V against an fp32 one, different split-K orders) differ by about one bf16 ulp in each
+# layer's attention output, which moves SmolLM2's logits by a few hundredths of a nat.
 TIE_NATS = 0.1
-
-
-def logprob_quantum(logprobs) -> float | None:
-    """The spacing of a run's logits as its logprobs show it: the smallest positive gap between
-    two logprobs of one step, over every step, provided every gap seen is a whole multiple of it
-    (quantized logits); None otherwise, or when no step has two distinct values."""
-    gaps = []
-    for seq in logprobs or []:
-        for step in seq:
-            vals = sorted(set(float(v) for v in step.values()))
-            gaps += [hi - lo for lo, hi in zip(vals, vals[1:]) if hi - lo > 1e-6]
-    if not gaps:
-        return None
-    q = min(gaps)
-    if any(abs(g / q - round(g / q)) > 1e-3 for g in gaps):
-        return None
-    return q
 
 
 def compare_greedy(ref_run: dict, other_run: dict) -> dict:
     """Token identity of two greedy runs, and at each sequence's first divergence the
     reference's margin for its own token over the other's (None: the other's token was not
-    in the reference's top logprobs, i.e. no tie). A divergence is a tie when the margin is at
-    most one step of the reference's logit resolution (logprob_quantum), at least TIE_NATS."""
+    in the reference's top logprobs, i.e. no tie)."""
     same, first, margins = 0, [], []
     lps = ref_run.get("logprobs")
-    quantum = logprob_quantum(lps)
-    tie_nats = max(TIE_NATS, quantum * (1 + 1e-6)) if quantum is not None else TIE_NATS
     for s, (a, b) in enumerate(zip(ref_run["tokens"], other_run["tokens"])):
         i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         first.append(i)
@@ -246,10 +222,9 @@ def compare_greedy(ref_run: dict, other_run: dict) -> dict:
         top = step.get(str(a[i]))
         alt = step.get(str(b[i]))
         margins.append(None if top is None or alt is None else top - alt)
-    ties = all(m is not None and m <= tie_nats for m in margins)
+    ties = all(m is not None and m <= TIE_NATS for m in margins)
     return {"identical": same, "of": len(first), "first_divergence": first,
-            "margins_at_divergence": margins, "tie_nats": tie_nats,
-            "all_divergences_are_ties": ties}
+            "margins_at_divergence": margins, "all_divergences_are_ties": ties}
 
 
 def correct(args) -> int:
