@@ -1,6 +1,6 @@
 """compare_greedy (locks.vllm.check): the pass rule of the H200 correctness run, token identity
 or, at each sequence's first divergence, a numerical tie of the reference's top two tokens."""
-from locks.vllm.check import TIE_NATS, compare_greedy
+from locks.vllm.check import TIE_NATS, compare_greedy, noise_floor, within_noise_floor
 
 
 def run(tokens, logprobs=None):
@@ -31,3 +31,18 @@ def test_a_token_outside_the_reference_top_is_no_tie():
     assert c["margins_at_divergence"] == [None] and not c["all_divergences_are_ties"]
     # without logprobs a divergence cannot be shown to be a tie
     assert not compare_greedy(run([[1, 2]]), run([[1, 9]]))["all_divergences_are_ties"]
+
+
+def test_noise_floor_is_the_widest_triton_margin_and_bounds_the_pass():
+    # TRITON_ATTN parted from FLASH_ATTN at margins 0.125 and 0.25 (and once outside the top-5)
+    floor_cmp = {"margins_at_divergence": [0.125, None, 0.25]}
+    assert noise_floor(floor_cmp) == 0.25
+    assert noise_floor(None) == TIE_NATS and noise_floor({"margins_at_divergence": []}) == TIE_NATS
+    assert noise_floor({"margins_at_divergence": [0.01]}) == TIE_NATS
+    lp = [[{"1": -0.1}, {"2": -0.5, "9": -0.75, "7": -0.9}]]
+    c = compare_greedy(run([[1, 2]], lp), run([[1, 9]]))  # margin 0.25
+    assert not c["all_divergences_are_ties"]
+    assert within_noise_floor(c, 0.25) and not within_noise_floor(c, 0.125)
+    outside = compare_greedy(run([[1, 2]], lp), run([[1, 5]]))  # not in the top-5: never a tie
+    assert not within_noise_floor(outside, 10.0)
+    assert within_noise_floor(compare_greedy(run([[1, 2]]), run([[1, 2]])), TIE_NATS)

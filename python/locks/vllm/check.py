@@ -227,6 +227,19 @@ def compare_greedy(ref_run: dict, other_run: dict) -> dict:
             "margins_at_divergence": margins, "all_divergences_are_ties": ties}
 
 
+def noise_floor(floor_cmp: dict | None) -> float:
+    """The largest first-divergence margin of vLLM's second exact backend (TRITON_ATTN) against
+    FLASH_ATTN on the same prompts and settings (a comparison from compare_greedy), at least
+    TIE_NATS: how far two exact attention kernels' greedy tokens are seen to part."""
+    margins = [m for m in (floor_cmp or {}).get("margins_at_divergence", []) if m is not None]
+    return max([TIE_NATS] + margins)
+
+
+def within_noise_floor(cmp: dict, floor: float) -> bool:
+    """Every first divergence of `cmp` at a margin no larger than `floor` (noise_floor)."""
+    return all(m is not None and m <= floor for m in cmp["margins_at_divergence"])
+
+
 def correct(args) -> int:
     from transformers import AutoTokenizer
 
@@ -242,6 +255,7 @@ def correct(args) -> int:
     base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
                 gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
     report, ok = {"configs": {}}, True
+    floors = {}  # run name -> noise floor from the first config's TRITON_ATTN run
     for name in args.configs.split(","):
         v2, graphs, pc = CORRECT_CONFIGS[name]
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
@@ -267,9 +281,14 @@ def correct(args) -> int:
                 c = compare_greedy(rf, rl)
                 if tr is not None:
                     c["triton_vs_flash_attn"] = compare_greedy(rf, tr["runs"][i])
+                    floors[rf["name"]] = noise_floor(c["triton_vs_flash_attn"])
+                # (a prefix-hit pass without its own TRITON_ATTN run: the first pass's floor)
+                c["noise_floor_nats"] = floors.get(rf["name"], floors.get("ragged", TIE_NATS))
+                c["within_noise_floor"] = within_noise_floor(c, c["noise_floor_nats"])
                 entry[rf["name"]] = c
-                # Pass: token-identical, or every divergence at a numerical tie of FLASH_ATTN's.
-                ok &= c["all_divergences_are_ties"]
+                # Pass: token-identical, or every divergence at a numerical tie of FLASH_ATTN's
+                # (TIE_NATS), or no wider than vLLM's own TRITON_ATTN parts from FLASH_ATTN.
+                ok &= c["all_divergences_are_ties"] or c["within_noise_floor"]
         if with_pk and fa is not None:
             lk5 = run_engine(f"{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
                              additional_config={"locks": {"budget": 512}}),
