@@ -464,6 +464,8 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   p.two_level = true;
   p.two.alpha = o.alpha;
   p.super = U;
+  p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
+  p.select_cluster = o.select_cluster;
   const DecodePlan plan = cuda::plan_decode(p);
   void* wsp;
   CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));

@@ -15,6 +15,7 @@
 #include "locks/error.h"
 #include "locks/rules.h"
 #include "locks/super_summary.h"
+#include "ptx.cuh"
 #include "select_common.cuh"
 #include "super.cuh"
 
@@ -44,24 +45,67 @@ SupArrays sup_arrays(const SuperView& s) {
           s.radius_q, s.radius_scale, s.lo_q,    s.hi_q,        s.extent_scale, s.layout.num_slots};
 }
 
-// Level 1. RM: the most basis rows (R <= RM), NP: the most dim pairs a lane holds
-// (d / 2 <= 32 NP), PL: the most pages a lane holds (S <= 32 PL). mode: 0 centroid,
-// 1 extent, 2 mixed.
-template <int RM, int NP, int PL>
-__global__ void __launch_bounds__(kSuperWarps * 32)
+// Sum over the warp of V = 2^n values per lane, scattered: lane l returns the full sum of
+// value l >> (5 - n). The first n butterfly levels each halve the values a lane keeps (a
+// lane sends the half its partner keeps), the rest reduce one value: V - 1 + 5 - n
+// shuffles instead of 5 V for V separate reductions.
+template <int V, int HALF, int OFF, bool MAX>
+__device__ __forceinline__ void scatter_level(float (&v)[V], int lane) {
+  const bool up = lane & OFF;
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) {
+    const float send = up ? v[i] : v[i + HALF];
+    const float keep = up ? v[i + HALF] : v[i];
+    const float got = __shfl_xor_sync(kFull, send, OFF);
+    v[i] = MAX ? fmaxf(keep, got) : keep + got;
+  }
+  if constexpr (HALF > 1) scatter_level<V, HALF / 2, OFF / 2, MAX>(v, lane);
+}
+template <int V, bool MAX>
+__device__ __forceinline__ float scatter_reduce(float (&v)[V], int lane) {
+  if constexpr (V > 1) scatter_level<V, V / 2, 16, MAX>(v, lane);
+  float x = v[0];
+#pragma unroll
+  for (int off = 16 / V; off >= 1; off /= 2) {
+    const float got = __shfl_xor_sync(kFull, x, off);
+    x = MAX ? fmaxf(x, got) : x + got;
+  }
+  return x;
+}
+template <int V>
+__device__ __forceinline__ float reduce_scatter(float (&v)[V], int lane) {
+  return scatter_reduce<V, false>(v, lane);
+}
+template <int V>
+__device__ __forceinline__ float max_scatter(float (&v)[V], int lane) {
+  return scatter_reduce<V, true>(v, lane);
+}
+
+// Level 1. RM: basis rows held (R <= RM, 8 or 16), HC = 32 / RM query heads a pass (the
+// HC x RM dot products of a pass are one 32-value reduce-scatter), NP: dim pairs a lane
+// holds (d / 2 <= 32 NP), PL: pages a lane holds (S <= 32 PL), MODE: 0 centroid, 1 extent,
+// 2 mixed. One warp per (group, KV head, sequence): the group's codes are read once into
+// registers; per pass the dots (q.M, W q) of HC heads, then each lane's pages' estimates
+// and the group log-sum-exps (or max) of the HC heads, again by scattered reductions.
+template <int RM, int NP, int PL, int MODE>
+__global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, int d, int R, int S, int P, const int32_t* table,
                        int64_t t_stride, int MG, const int32_t* seq_lens, int M,
-                       const float* __restrict__ q, int Hq, float scale, int mode, bool lse,
-                       float gamma, float* out) {
+                       const float* __restrict__ q, int Hq, float scale, bool lse, float gamma,
+                       float* out) {
+  constexpr int HC = 32 / RM;
   extern __shared__ float4 sm4[];
-  float* qs = reinterpret_cast<float*>(sm4);  // [G][d]
   const int h = blockIdx.y, b = blockIdx.z, G = Hq / H;
-  float* q2 = qs + G * d;  // [G] |q|^2
+  const int GP = (G + HC - 1) / HC * HC;      // heads padded to whole passes (zero queries)
+  float* qs = reinterpret_cast<float*>(sm4);  // [GP][d]
+  float* q2 = qs + GP * d;                    // [GP] |q|^2
+  float* wsm = q2 + GP;                       // per warp: [HC][RM] w, [HC] q.M, [HC] max
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int e = threadIdx.x; e < G * d; e += blockDim.x)
-    qs[e] = q[(int64_t(b) * Hq + int64_t(h) * G) * d + e];
+  float* ww = wsm + warp * (32 + 2 * HC);
+  for (int e = threadIdx.x; e < GP * d; e += blockDim.x)
+    qs[e] = e < G * d ? q[(int64_t(b) * Hq + int64_t(h) * G) * d + e] : 0.0f;
   __syncthreads();
-  for (int g = warp; g < G; g += kSuperWarps) {
+  for (int g = warp; g < GP; g += kSuperWarps) {
     float x = 0.0f;
     for (int c = lane; c < d; c += 32) x = fmaf(qs[g * d + c], qs[g * d + c], x);
     x = warp_sum(x);
@@ -82,27 +126,29 @@ __global__ void __launch_bounds__(kSuperWarps * 32)
   }
   const int64_t gh = int64_t(slot) * H + h;
   // The group's codes in registers: lane owns dim pairs e = lane + 32 i and pages
-  // p = lane + 32 t.
-  float mu[NP][2], bs[RM][NP][2];
+  // p = lane + 32 t; scales folded in after the reductions.
+  // The basis codes stay packed (byte i of bsp[k] = dims 2e, 2e + 1 of row k), decoded once
+  // a pass: unpacked floats took 32 more registers, which halved the resident warps.
+  float mu[NP][2];
+  uint32_t bsp[RM];
+#pragma unroll
+  for (int k = 0; k < RM; ++k) bsp[k] = 0;
 #pragma unroll
   for (int i = 0; i < NP; ++i) {
     const int e = lane + 32 * i;
     const bool ok = e < d / 2;
-    mu[i][0] = ok ? float(A.mu_q[gh * d + 2 * e]) : 0.0f;
-    mu[i][1] = ok ? float(A.mu_q[gh * d + 2 * e + 1]) : 0.0f;
+    const char2 m2 = ok ? *reinterpret_cast<const char2*>(A.mu_q + gh * d + 2 * e) : char2{0, 0};
+    mu[i][0] = float(m2.x);
+    mu[i][1] = float(m2.y);
 #pragma unroll
     for (int k = 0; k < RM; ++k) {
-      const uint8_t byte = (ok && k < R) ? A.basis_q[(gh * R + k) * (d / 2) + e] : uint8_t(0);
-      bs[k][i][0] = float(int(int8_t(uint8_t(byte << 4))) >> 4);
-      bs[k][i][1] = float(int(int8_t(byte)) >> 4);
+      const uint32_t byte = (ok && k < R) ? A.basis_q[(gh * R + k) * (d / 2) + e] : 0u;
+      bsp[k] |= byte << (8 * i);
     }
   }
   const float mu_sc = A.mu_scale[gh];
-  float bsc[RM];
-#pragma unroll
-  for (int k = 0; k < RM; ++k) bsc[k] = k < R ? A.basis_scale[gh * R + k] : 0.0f;
-  // Per page: hi / lo (extent) or coordinates (centroid), dequantized; radius.
-  float hi[PL][RM], lo[PL][RM], co[PL][RM], rad[PL];
+  const float bsc = lane % RM < R ? A.basis_scale[gh * R + lane % RM] : 0.0f;  // lane's row
+  float e1[PL][RM], e2[PL][RM], rad[PL];  // extent: hi, lo; centroid: coordinates in e1
 #pragma unroll
   for (int t = 0; t < PL; ++t) {
     const int p = lane + 32 * t;
@@ -112,69 +158,115 @@ __global__ void __launch_bounds__(kSuperWarps * 32)
     for (int k = 0; k < RM; ++k) {
       const bool okk = ok && k < R;
       const int64_t i = (gh * S + p) * R + k;
-      co[t][k] = okk && mode != 1 ? float(A.coord_q[i]) * A.coord_scale[gh * R + k] : 0.0f;
-      const float es = okk && mode != 0 ? A.extent_scale[gh * R + k] : 0.0f;
-      hi[t][k] = okk && mode != 0 ? float(A.hi_q[i]) * es : 0.0f;
-      lo[t][k] = okk && mode != 0 ? float(A.lo_q[i]) * es : 0.0f;
+      if (MODE == 0) {
+        e1[t][k] = okk ? float(A.coord_q[i]) * A.coord_scale[gh * R + k] : 0.0f;
+        e2[t][k] = 0.0f;
+      } else {
+        const float es = okk ? A.extent_scale[gh * R + k] : 0.0f;
+        e1[t][k] = okk ? float(A.hi_q[i]) * es : 0.0f;
+        e2[t][k] = okk ? float(A.lo_q[i]) * es : 0.0f;
+      }
     }
   }
-  const float logP = logf(float(P));
-  for (int g = 0; g < G; ++g) {
-    const float* qg = qs + g * d;
-    float pm = 0.0f, pw[RM];
+  float cf[PL][MODE == 2 ? RM : 1];  // mixed mode: the coordinates too
 #pragma unroll
-    for (int k = 0; k < RM; ++k) pw[k] = 0.0f;
+  for (int t = 0; t < PL; ++t)
+#pragma unroll
+    for (int k = 0; k < (MODE == 2 ? RM : 1); ++k) {
+      const int p = lane + 32 * t;
+      cf[t][k] = MODE == 2 && p < S && k < R
+                     ? float(A.coord_q[(gh * S + p) * R + k]) * A.coord_scale[gh * R + k]
+                     : 0.0f;
+    }
+  const float logP = logf(float(P));
+  for (int g0 = 0; g0 < GP; g0 += HC) {
+    // Dots of HC heads: v[hh * RM + k] = W_k . q, u[hh] = M . q (lane partials).
+    float v[32], u[HC];
+#pragma unroll
+    for (int x = 0; x < 32; ++x) v[x] = 0.0f;
+#pragma unroll
+    for (int hh = 0; hh < HC; ++hh) u[hh] = 0.0f;
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
       const int e = lane + 32 * i;
       if (e < d / 2) {
-        const float2 qv = *reinterpret_cast<const float2*>(qg + 2 * e);
-        pm = fmaf(mu[i][0], qv.x, fmaf(mu[i][1], qv.y, pm));
+        float2 qv[HC];
 #pragma unroll
-        for (int k = 0; k < RM; ++k)
-          pw[k] = fmaf(bs[k][i][0], qv.x, fmaf(bs[k][i][1], qv.y, pw[k]));
-      }
-    }
-    const float qM = warp_sum(pm) * mu_sc;
-    float w2 = 0.0f;
-#pragma unroll
-    for (int k = 0; k < RM; ++k) {
-      pw[k] = k < R ? warp_sum(pw[k]) * bsc[k] : 0.0f;
-      w2 = fmaf(pw[k], pw[k], w2);
-    }
-    const float gq = gamma * sqrtf(fmaxf(q2[g] - w2, 0.0f));
-    float est[PL], mx = kNegInf;
-#pragma unroll
-    for (int t = 0; t < PL; ++t) {
-      est[t] = kNegInf;
-      if (lane + 32 * t < S) {
-        const float base = qM + gq * rad[t];
-        float cen = base, ext = base;
+        for (int hh = 0; hh < HC; ++hh) {
+          qv[hh] = *reinterpret_cast<const float2*>(qs + (g0 + hh) * d + 2 * e);
+          u[hh] = fmaf(mu[i][0], qv[hh].x, fmaf(mu[i][1], qv[hh].y, u[hh]));
+        }
 #pragma unroll
         for (int k = 0; k < RM; ++k) {
-          cen = fmaf(pw[k], co[t][k], cen);
-          ext += fmaxf(pw[k] * hi[t][k], pw[k] * lo[t][k]);
-        }
-        if (mode == 0) {
-          est[t] = logP + scale * cen;
-        } else if (mode == 1) {
-          est[t] = logP + scale * ext;
-        } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
-          const float a = logP + scale * cen, c = scale * ext, top = fmaxf(a, c);
-          est[t] = top + logf(expf(a - top) + expf(c - top));
+          const int word = int(bsp[k] >> (8 * i));
+          const float lo = float((word << 28) >> 28), hi = float((word << 24) >> 28);
+#pragma unroll
+          for (int hh = 0; hh < HC; ++hh)
+            v[hh * RM + k] = fmaf(lo, qv[hh].x, fmaf(hi, qv[hh].y, v[hh * RM + k]));
         }
       }
-      mx = fmaxf(mx, est[t]);
     }
-    mx = warp_max(mx);
-    float score = mx;
-    if (lse) {
-      float s = 0.0f;
+    const float wl = reduce_scatter<32>(v, lane) * bsc;  // w of (head lane / RM, row lane % RM)
+    const float ul = reduce_scatter<HC>(u, lane) * mu_sc;
+    __syncwarp();
+    ww[lane] = wl;
+    if ((lane & (32 / HC - 1)) == 0) ww[32 + lane / (32 / HC)] = ul;
+    __syncwarp();
+    // Each lane's pages under the HC heads.
+    float est[HC][PL], mx[HC];
 #pragma unroll
-      for (int t = 0; t < PL; ++t) s += lane + 32 * t < S ? expf(est[t] - mx) : 0.0f;
-      score = mx + logf(warp_sum(s));
+    for (int hh = 0; hh < HC; ++hh) {
+      const float* w = ww + hh * RM;
+      float w2 = 0.0f;
+#pragma unroll
+      for (int k = 0; k < RM; ++k) w2 = fmaf(w[k], w[k], w2);
+      const float qM = ww[32 + hh];
+      const float gq = gamma * sqrtf(fmaxf(q2[g0 + hh] - w2, 0.0f));
+      mx[hh] = kNegInf;
+#pragma unroll
+      for (int t = 0; t < PL; ++t) {
+        est[hh][t] = kNegInf;
+        if (lane + 32 * t < S) {
+          const float base = qM + gq * rad[t];
+          float x = base, c = base;
+#pragma unroll
+          for (int k = 0; k < RM; ++k) {
+            if (MODE == 0) {
+              x = fmaf(w[k], e1[t][k], x);
+            } else {
+              x += fmaxf(w[k] * e1[t][k], w[k] * e2[t][k]);
+              if (MODE == 2) c = fmaf(w[k], cf[t][k], c);
+            }
+          }
+          if (MODE != 2) {
+            est[hh][t] = logP + scale * x;
+          } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
+            const float a = logP + scale * c, z = scale * x, top = fmaxf(a, z);
+            est[hh][t] = top + logf(expf(a - top) + expf(z - top));
+          }
+        }
+        mx[hh] = fmaxf(mx[hh], est[hh][t]);
+      }
     }
-    if (lane == 0) dst[int64_t(g) * MG] = score;
+    float ml = max_scatter<HC>(mx, lane);  // the max of head lane / (32 / HC)
+    float res = ml;
+    if (lse) {
+      __syncwarp();
+      if ((lane & (32 / HC - 1)) == 0) ww[32 + HC + lane / (32 / HC)] = ml;
+      __syncwarp();
+      float sum[HC];
+#pragma unroll
+      for (int hh = 0; hh < HC; ++hh) {
+        const float m = ww[32 + HC + hh];
+        sum[hh] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < PL; ++t) sum[hh] += lane + 32 * t < S ? expf(est[hh][t] - m) : 0.0f;
+      }
+      res = ml + logf(reduce_scatter<HC>(sum, lane));
+    }
+    const int hh = lane / (32 / HC);
+    if ((lane & (32 / HC - 1)) == 0 && g0 + hh < G) dst[int64_t(g0 + hh) * MG] = res;
+    __syncwarp();
   }
 }
 
@@ -214,8 +306,9 @@ __global__ void __launch_bounds__(kThreads)
                               int32_t* list_lens, int32_t* list_blocks) {
   __shared__ SelectSmem sm;
   extern __shared__ float4 dyn[];
-  float* a = reinterpret_cast<float*>(dyn);                     // [MG] share-averaged scores
-  float* lse = a + MG;                                          // [G]
+  float* a = reinterpret_cast<float*>(dyn);  // [MG] share-averaged scores
+  float* lse = a + MG;                       // [G]
+  __shared__ float part[2 * kMaxGroup];      // (max, sum) of a head's LSE per warp of the head
   uint8_t* keep = reinterpret_cast<uint8_t*>(lse + kMaxGroup);  // [MG]
   const int h = blockIdx.x, b = blockIdx.y, G = Hq / H;
   const int64_t row = int64_t(b) * H + h;
@@ -233,29 +326,64 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < listed; i += kThreads) put(i, i);
   } else {
     const float* s0 = gh + (int64_t(b) * Hq + int64_t(h) * G) * MG;
-    // Each head's log-sum-exp over the complete groups (one warp a head).
-    for (int g = threadIdx.x >> 5; g < G; g += kThreads / 32) {
+    // Each head's log-sum-exp over the complete groups: W = 16 / G warps a head (one when
+    // G > 16), online (max, sum) per lane, merged across the lanes, then the head's warps.
+    const int nw = kThreads / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int W = max(1, nw / G);
+    for (int g = warp / W; g < G; g += nw / W) {
       const float* s = s0 + int64_t(g) * MG;
-      float mx = kNegInf;
-      for (int j = threadIdx.x & 31; j < r.C; j += 32) mx = fmaxf(mx, s[j]);
-      mx = warp_max(mx);
-      float t = 0.0f;
-      if (mx != kNegInf)
-        for (int j = threadIdx.x & 31; j < r.C; j += 32) t += expf(s[j] - mx);
-      t = warp_sum(t);
-      if ((threadIdx.x & 31) == 0) lse[g] = mx == kNegInf ? kNegInf : mx + logf(t);
+      float m = kNegInf, l = 0.0f;
+      // Eight independent loads in flight per lane (a plain loop waited on each: the
+      // L2 latency times C / 32 W was most of this kernel's time at G 16).
+      for (int j0 = (warp % W) * 32 + lane; j0 < r.C; j0 += 8 * 32 * W) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int jj = j0 + u * 32 * W;
+          x[u] = jj < r.C ? s[jj] : kNegInf;
+        }
+        float bm = x[0];
+#pragma unroll
+        for (int u = 1; u < 8; ++u) bm = fmaxf(bm, x[u]);
+        if (bm != kNegInf) {
+          float bl = 0.0f;
+#pragma unroll
+          for (int u = 0; u < 8; ++u) bl += x[u] == kNegInf ? 0.0f : expf(x[u] - bm);
+          lse_merge(m, l, bm, bl);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(kFull, m, o), l2 = __shfl_xor_sync(kFull, l, o);
+        lse_merge(m, l, m2, l2);
+      }
+      if (lane == 0) {
+        part[2 * (g * W + warp % W)] = m;
+        part[2 * (g * W + warp % W) + 1] = l;
+      }
+    }
+    __syncthreads();
+    for (int g = threadIdx.x; g < G; g += kThreads) {
+      float m = kNegInf, l = 0.0f;
+      for (int w = 0; w < W; ++w) lse_merge(m, l, part[2 * (g * W + w)], part[2 * (g * W + w) + 1]);
+      lse[g] = m == kNegInf ? kNegInf : m + logf(l);
     }
     __syncthreads();
     // a_j = log((1/G) sum_h exp(s_hj - LSE_h)) (score.h's rule on groups).
     const float log_g = logf(float(G));
     for (int j = threadIdx.x; j < r.C; j += kThreads) {
+      // The G heads' scores of group j, loaded together (independent loads).
+      float x[kMaxGroup];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g)
+        x[g] = g < G && lse[g] != kNegInf ? s0[int64_t(g) * MG + j] - lse[g] : kNegInf;
       float mx = kNegInf;
-      for (int g = 0; g < G; ++g)
-        if (lse[g] != kNegInf) mx = fmaxf(mx, s0[int64_t(g) * MG + j] - lse[g]);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) mx = fmaxf(mx, x[g]);
       float t = 0.0f;
       if (mx != kNegInf)
-        for (int g = 0; g < G; ++g)
-          if (lse[g] != kNegInf) t += expf(s0[int64_t(g) * MG + j] - lse[g] - mx);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) t += x[g] == kNegInf ? 0.0f : expf(x[g] - mx);
       a[j] = mx == kNegInf ? kNegInf : mx + logf(t) - log_g;
       keep[j] = j < r.first_end || j >= r.recent_begin;
     }
@@ -281,10 +409,12 @@ __global__ void __launch_bounds__(kThreads)
       valid = e < r.C && keep[e];
       return 0u;
     };
-    compact(kept_of, r.C, true, 0u, 0, sm, [&](int e, int pos) {
-      for (int p = 0; p < S; ++p) put(pos * S + p, e * S + p);
-    });
+    // (a[] is free now: it holds the kept groups in order, then every thread writes pages.)
+    int32_t* grp = reinterpret_cast<int32_t*>(a);
+    compact(kept_of, r.C, true, 0u, 0, sm, [&](int e, int pos) { grp[pos] = e; });
+    __syncthreads();
     const int base = (r.m + r.F) * S;
+    for (int i = threadIdx.x; i < base; i += kThreads) put(i, grp[i / S] * S + i % S);
     for (int i = threadIdx.x; i < r.n_pages - r.C * S; i += kThreads) put(base + i, r.C * S + i);
     listed = base + r.n_pages - r.C * S;
   }
@@ -311,14 +441,25 @@ void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView
                     const float* q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                     cudaStream_t st) {
   const SuperLayout& l = s.layout;
+  constexpr int HC = 32 / RM;
   const int H = l.num_kv_heads, G = Hq / H, MG = t.max_groups_per_seq;
-  const size_t smem = sizeof(float) * (size_t(G) * l.head_dim + G);
+  const int GP = (G + HC - 1) / HC * HC;
+  const size_t smem =
+      sizeof(float) * (size_t(GP) * l.head_dim + GP + size_t(kSuperWarps) * (32 + 2 * HC));
   const int mode = !cfg.use_extent ? 0 : cfg.mix ? 2 : 1;
   const dim3 grid(unsigned(ceil_div(MG, kSuperWarps)), unsigned(H), unsigned(batch.batch_size));
-  launch_kernel(super_score_kernel<RM, NP, PL>, grid, dim3(kSuperWarps * 32), smem, st,
-                sup_arrays(s), H, l.head_dim, l.rank, l.group_pages, l.page_size, t.table, t.stride,
-                MG, batch.seq_lens, batch.max_blocks_per_seq, q, Hq, scale, mode,
-                cfg.agg == GroupAgg::lse, float(cfg.gamma), out);
+  auto go = [&](auto kernel) {
+    launch_kernel(kernel, grid, dim3(kSuperWarps * 32), smem, st, sup_arrays(s), H, l.head_dim,
+                  l.rank, l.group_pages, l.page_size, t.table, t.stride, MG, batch.seq_lens,
+                  batch.max_blocks_per_seq, q, Hq, scale, cfg.agg == GroupAgg::lse,
+                  float(cfg.gamma), out);
+  };
+  if (mode == 0)
+    go(super_score_kernel<RM, NP, PL, 0>);
+  else if (mode == 1)
+    go(super_score_kernel<RM, NP, PL, 1>);
+  else
+    go(super_score_kernel<RM, NP, PL, 2>);
 }
 
 }  // namespace
