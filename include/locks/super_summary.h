@@ -232,7 +232,8 @@ namespace cuda {
 // what it can see: shapes, configs, null pointers; device arrays are trusted like a kernel's
 // inputs, an invalid length lists no page). super_score: one warp per (sequence, KV head,
 // group), the group's codes read once for its G query heads; ranks up to 32.
-// select_groups_list: one block per (sequence, KV head); needs max_groups_per_seq <= 12288.
+// select_groups_list: one block per (sequence, KV head); max_groups_per_seq up to ~32K
+// (the scores and flags of a row in 160 KB of shared memory).
 void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
                  const QueryView& q, float scale, const TwoLevelConfig& cfg,
                  float* group_head_scores, cudaStream_t stream);
