@@ -8,6 +8,7 @@
 //     pages' block ids (the level-2 scorer's per-head block table);
 //   map_positions: the selection over list positions back to logical pages.
 // The rules (forced groups, kept count, fallbacks) restate super_layout.cpp's on the device.
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -23,6 +24,7 @@ namespace locks::cuda::detail {
 namespace {
 
 constexpr int kSuperWarps = 8;
+constexpr int kMaxGpw = 4;  // most groups a level-1 warp scores
 constexpr int kListSmemMax = 160 * 1024;
 
 struct SupArrays {  // the super summary arrays, by value for kernels
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, int d, int R, int S, int P, const int32_t* table,
                        int64_t t_stride, int MG, const int32_t* seq_lens, int M,
                        const float* __restrict__ q, int Hq, float scale, bool lse, float gamma,
-                       float* out) {
+                       float* out, int gpw) {
   constexpr int HC = 32 / RM;
   extern __shared__ float4 sm4[];
   const int h = blockIdx.y, b = blockIdx.z, G = Hq / H;
@@ -112,162 +114,176 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
     if (lane == 0) q2[g] = x;
   }
   __syncthreads();
-  const int j = blockIdx.x * kSuperWarps + warp;
-  if (j >= MG) return;
   // Untrusted device values (docs/bad_input.md): an invalid length has no complete group,
   // an invalid slot scores -inf.
   const int len = seq_lens[b];
   const int C = len >= 1 && len <= M * P ? (len / P) / S : 0;
-  float* dst = out + (int64_t(b) * Hq + int64_t(h) * G) * MG + j;
-  const int32_t slot = j < C ? table[int64_t(b) * t_stride + j] : -1;
-  if (j >= C || slot < 0 || slot >= A.num_slots) {
-    for (int g = lane; g < G; g += 32) dst[int64_t(g) * MG] = kNegInf;
-    return;
+  // gpw groups a warp (the block's query staging paid once for all), their slots loaded
+  // together up front.
+  int32_t slots[kMaxGpw];
+#pragma unroll
+  for (int it = 0; it < kMaxGpw; ++it) {
+    const int j = (blockIdx.x * gpw + it) * kSuperWarps + warp;
+    slots[it] = it < gpw && j < C ? table[int64_t(b) * t_stride + j] : -1;
   }
-  const int64_t gh = int64_t(slot) * H + h;
-  // The group's codes in registers: lane owns dim pairs e = lane + 32 i and pages
-  // p = lane + 32 t; scales folded in after the reductions.
-  // The basis codes stay packed (byte i of bsp[k] = dims 2e, 2e + 1 of row k), decoded once
-  // a pass: unpacked floats took 32 more registers, which halved the resident warps.
-  float mu[NP][2];
-  uint32_t bsp[RM];
+#pragma unroll 1
+  for (int it = 0; it < gpw; ++it) {
+    const int j = (blockIdx.x * gpw + it) * kSuperWarps + warp;
+    if (j >= MG) break;
+    float* dst = out + (int64_t(b) * Hq + int64_t(h) * G) * MG + j;
+    int32_t slot = slots[0];
 #pragma unroll
-  for (int k = 0; k < RM; ++k) bsp[k] = 0;
-#pragma unroll
-  for (int i = 0; i < NP; ++i) {
-    const int e = lane + 32 * i;
-    const bool ok = e < d / 2;
-    const char2 m2 = ok ? *reinterpret_cast<const char2*>(A.mu_q + gh * d + 2 * e) : char2{0, 0};
-    mu[i][0] = float(m2.x);
-    mu[i][1] = float(m2.y);
-#pragma unroll
-    for (int k = 0; k < RM; ++k) {
-      const uint32_t byte = (ok && k < R) ? A.basis_q[(gh * R + k) * (d / 2) + e] : 0u;
-      bsp[k] |= byte << (8 * i);
+    for (int x = 1; x < kMaxGpw; ++x)
+      if (x == it) slot = slots[x];
+    if (j >= C || slot < 0 || slot >= A.num_slots) {
+      for (int g = lane; g < G; g += 32) dst[int64_t(g) * MG] = kNegInf;
+      continue;
     }
-  }
-  const float mu_sc = A.mu_scale[gh];
-  const float bsc = lane % RM < R ? A.basis_scale[gh * R + lane % RM] : 0.0f;  // lane's row
-  float e1[PL][RM], e2[PL][RM], rad[PL];  // extent: hi, lo; centroid: coordinates in e1
+    const int64_t gh = int64_t(slot) * H + h;
+    // The group's codes in registers: lane owns dim pairs e = lane + 32 i and pages
+    // p = lane + 32 t; scales folded in after the reductions.
+    // The basis codes stay packed (byte i of bsp[k] = dims 2e, 2e + 1 of row k), decoded once
+    // a pass: unpacked floats took 32 more registers, which halved the resident warps.
+    float mu[NP][2];
+    uint32_t bsp[RM];
 #pragma unroll
-  for (int t = 0; t < PL; ++t) {
-    const int p = lane + 32 * t;
-    const bool ok = p < S;
-    rad[t] = ok ? float(A.radius_q[gh * S + p]) * A.radius_scale[gh] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < RM; ++k) {
-      const bool okk = ok && k < R;
-      const int64_t i = (gh * S + p) * R + k;
-      if (MODE == 0) {
-        e1[t][k] = okk ? float(A.coord_q[i]) * A.coord_scale[gh * R + k] : 0.0f;
-        e2[t][k] = 0.0f;
-      } else {
-        const float es = okk ? A.extent_scale[gh * R + k] : 0.0f;
-        e1[t][k] = okk ? float(A.hi_q[i]) * es : 0.0f;
-        e2[t][k] = okk ? float(A.lo_q[i]) * es : 0.0f;
-      }
-    }
-  }
-  float cf[PL][MODE == 2 ? RM : 1];  // mixed mode: the coordinates too
-#pragma unroll
-  for (int t = 0; t < PL; ++t)
-#pragma unroll
-    for (int k = 0; k < (MODE == 2 ? RM : 1); ++k) {
-      const int p = lane + 32 * t;
-      cf[t][k] = MODE == 2 && p < S && k < R
-                     ? float(A.coord_q[(gh * S + p) * R + k]) * A.coord_scale[gh * R + k]
-                     : 0.0f;
-    }
-  const float logP = logf(float(P));
-  for (int g0 = 0; g0 < GP; g0 += HC) {
-    // Dots of HC heads: v[hh * RM + k] = W_k . q, u[hh] = M . q (lane partials).
-    float v[32], u[HC];
-#pragma unroll
-    for (int x = 0; x < 32; ++x) v[x] = 0.0f;
-#pragma unroll
-    for (int hh = 0; hh < HC; ++hh) u[hh] = 0.0f;
+    for (int k = 0; k < RM; ++k) bsp[k] = 0;
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
       const int e = lane + 32 * i;
-      if (e < d / 2) {
-        float2 qv[HC];
+      const bool ok = e < d / 2;
+      const char2 m2 = ok ? *reinterpret_cast<const char2*>(A.mu_q + gh * d + 2 * e) : char2{0, 0};
+      mu[i][0] = float(m2.x);
+      mu[i][1] = float(m2.y);
 #pragma unroll
-        for (int hh = 0; hh < HC; ++hh) {
-          qv[hh] = *reinterpret_cast<const float2*>(qs + (g0 + hh) * d + 2 * e);
-          u[hh] = fmaf(mu[i][0], qv[hh].x, fmaf(mu[i][1], qv[hh].y, u[hh]));
-        }
+      for (int k = 0; k < RM; ++k) {
+        const uint32_t byte = (ok && k < R) ? A.basis_q[(gh * R + k) * (d / 2) + e] : 0u;
+        bsp[k] |= byte << (8 * i);
+      }
+    }
+    const float mu_sc = A.mu_scale[gh];
+    const float bsc = lane % RM < R ? A.basis_scale[gh * R + lane % RM] : 0.0f;  // lane's row
+    float e1[PL][RM], e2[PL][RM], rad[PL];  // extent: hi, lo; centroid: coordinates in e1
 #pragma unroll
-        for (int k = 0; k < RM; ++k) {
-          const int word = int(bsp[k] >> (8 * i));
-          const float lo = float((word << 28) >> 28), hi = float((word << 24) >> 28);
+    for (int t = 0; t < PL; ++t) {
+      const int p = lane + 32 * t;
+      const bool ok = p < S;
+      rad[t] = ok ? float(A.radius_q[gh * S + p]) * A.radius_scale[gh] : 0.0f;
 #pragma unroll
-          for (int hh = 0; hh < HC; ++hh)
-            v[hh * RM + k] = fmaf(lo, qv[hh].x, fmaf(hi, qv[hh].y, v[hh * RM + k]));
+      for (int k = 0; k < RM; ++k) {
+        const bool okk = ok && k < R;
+        const int64_t i = (gh * S + p) * R + k;
+        if (MODE == 0) {
+          e1[t][k] = okk ? float(A.coord_q[i]) * A.coord_scale[gh * R + k] : 0.0f;
+          e2[t][k] = 0.0f;
+        } else {
+          const float es = okk ? A.extent_scale[gh * R + k] : 0.0f;
+          e1[t][k] = okk ? float(A.hi_q[i]) * es : 0.0f;
+          e2[t][k] = okk ? float(A.lo_q[i]) * es : 0.0f;
         }
       }
     }
-    const float wl = reduce_scatter<32>(v, lane) * bsc;  // w of (head lane / RM, row lane % RM)
-    const float ul = reduce_scatter<HC>(u, lane) * mu_sc;
-    __syncwarp();
-    ww[lane] = wl;
-    if ((lane & (32 / HC - 1)) == 0) ww[32 + lane / (32 / HC)] = ul;
-    __syncwarp();
-    // Each lane's pages under the HC heads.
-    float est[HC][PL], mx[HC];
+    float cf[PL][MODE == 2 ? RM : 1];  // mixed mode: the coordinates too
 #pragma unroll
-    for (int hh = 0; hh < HC; ++hh) {
-      const float* w = ww + hh * RM;
-      float w2 = 0.0f;
+    for (int t = 0; t < PL; ++t)
 #pragma unroll
-      for (int k = 0; k < RM; ++k) w2 = fmaf(w[k], w[k], w2);
-      const float qM = ww[32 + hh];
-      const float gq = gamma * sqrtf(fmaxf(q2[g0 + hh] - w2, 0.0f));
-      mx[hh] = kNegInf;
+      for (int k = 0; k < (MODE == 2 ? RM : 1); ++k) {
+        const int p = lane + 32 * t;
+        cf[t][k] = MODE == 2 && p < S && k < R
+                       ? float(A.coord_q[(gh * S + p) * R + k]) * A.coord_scale[gh * R + k]
+                       : 0.0f;
+      }
+    const float logP = logf(float(P));
+    for (int g0 = 0; g0 < GP; g0 += HC) {
+      // Dots of HC heads: v[hh * RM + k] = W_k . q, u[hh] = M . q (lane partials).
+      float v[32], u[HC];
 #pragma unroll
-      for (int t = 0; t < PL; ++t) {
-        est[hh][t] = kNegInf;
-        if (lane + 32 * t < S) {
-          const float base = qM + gq * rad[t];
-          float x = base, c = base;
+      for (int x = 0; x < 32; ++x) v[x] = 0.0f;
+#pragma unroll
+      for (int hh = 0; hh < HC; ++hh) u[hh] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NP; ++i) {
+        const int e = lane + 32 * i;
+        if (e < d / 2) {
+          float2 qv[HC];
+#pragma unroll
+          for (int hh = 0; hh < HC; ++hh) {
+            qv[hh] = *reinterpret_cast<const float2*>(qs + (g0 + hh) * d + 2 * e);
+            u[hh] = fmaf(mu[i][0], qv[hh].x, fmaf(mu[i][1], qv[hh].y, u[hh]));
+          }
 #pragma unroll
           for (int k = 0; k < RM; ++k) {
-            if (MODE == 0) {
-              x = fmaf(w[k], e1[t][k], x);
-            } else {
-              x += fmaxf(w[k] * e1[t][k], w[k] * e2[t][k]);
-              if (MODE == 2) c = fmaf(w[k], cf[t][k], c);
-            }
-          }
-          if (MODE != 2) {
-            est[hh][t] = logP + scale * x;
-          } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
-            const float a = logP + scale * c, z = scale * x, top = fmaxf(a, z);
-            est[hh][t] = top + logf(expf(a - top) + expf(z - top));
+            const int word = int(bsp[k] >> (8 * i));
+            const float lo = float((word << 28) >> 28), hi = float((word << 24) >> 28);
+#pragma unroll
+            for (int hh = 0; hh < HC; ++hh)
+              v[hh * RM + k] = fmaf(lo, qv[hh].x, fmaf(hi, qv[hh].y, v[hh * RM + k]));
           }
         }
-        mx[hh] = fmaxf(mx[hh], est[hh][t]);
       }
-    }
-    float ml = max_scatter<HC>(mx, lane);  // the max of head lane / (32 / HC)
-    float res = ml;
-    if (lse) {
+      const float wl = reduce_scatter<32>(v, lane) * bsc;  // w of (head lane / RM, row lane % RM)
+      const float ul = reduce_scatter<HC>(u, lane) * mu_sc;
       __syncwarp();
-      if ((lane & (32 / HC - 1)) == 0) ww[32 + HC + lane / (32 / HC)] = ml;
+      ww[lane] = wl;
+      if ((lane & (32 / HC - 1)) == 0) ww[32 + lane / (32 / HC)] = ul;
       __syncwarp();
-      float sum[HC];
+      // Each lane's pages under the HC heads.
+      float est[HC][PL], mx[HC];
 #pragma unroll
       for (int hh = 0; hh < HC; ++hh) {
-        const float m = ww[32 + HC + hh];
-        sum[hh] = 0.0f;
+        const float* w = ww + hh * RM;
+        float w2 = 0.0f;
 #pragma unroll
-        for (int t = 0; t < PL; ++t) sum[hh] += lane + 32 * t < S ? expf(est[hh][t] - m) : 0.0f;
+        for (int k = 0; k < RM; ++k) w2 = fmaf(w[k], w[k], w2);
+        const float qM = ww[32 + hh];
+        const float gq = gamma * sqrtf(fmaxf(q2[g0 + hh] - w2, 0.0f));
+        mx[hh] = kNegInf;
+#pragma unroll
+        for (int t = 0; t < PL; ++t) {
+          est[hh][t] = kNegInf;
+          if (lane + 32 * t < S) {
+            const float base = qM + gq * rad[t];
+            float x = base, c = base;
+#pragma unroll
+            for (int k = 0; k < RM; ++k) {
+              if (MODE == 0) {
+                x = fmaf(w[k], e1[t][k], x);
+              } else {
+                x += fmaxf(w[k] * e1[t][k], w[k] * e2[t][k]);
+                if (MODE == 2) c = fmaf(w[k], cf[t][k], c);
+              }
+            }
+            if (MODE != 2) {
+              est[hh][t] = logP + scale * x;
+            } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
+              const float a = logP + scale * c, z = scale * x, top = fmaxf(a, z);
+              est[hh][t] = top + logf(expf(a - top) + expf(z - top));
+            }
+          }
+          mx[hh] = fmaxf(mx[hh], est[hh][t]);
+        }
       }
-      res = ml + logf(reduce_scatter<HC>(sum, lane));
+      float ml = max_scatter<HC>(mx, lane);  // the max of head lane / (32 / HC)
+      float res = ml;
+      if (lse) {
+        __syncwarp();
+        if ((lane & (32 / HC - 1)) == 0) ww[32 + HC + lane / (32 / HC)] = ml;
+        __syncwarp();
+        float sum[HC];
+#pragma unroll
+        for (int hh = 0; hh < HC; ++hh) {
+          const float m = ww[32 + HC + hh];
+          sum[hh] = 0.0f;
+#pragma unroll
+          for (int t = 0; t < PL; ++t) sum[hh] += lane + 32 * t < S ? expf(est[hh][t] - m) : 0.0f;
+        }
+        res = ml + logf(reduce_scatter<HC>(sum, lane));
+      }
+      const int hh = lane / (32 / HC);
+      if ((lane & (32 / HC - 1)) == 0 && g0 + hh < G) dst[int64_t(g0 + hh) * MG] = res;
+      __syncwarp();
     }
-    const int hh = lane / (32 / HC);
-    if ((lane & (32 / HC - 1)) == 0 && g0 + hh < G) dst[int64_t(g0 + hh) * MG] = res;
-    __syncwarp();
-  }
+  }  // groups of the warp
 }
 
 // The rules of super_layout.cpp for one sequence, on the device.
@@ -309,7 +325,10 @@ __global__ void __launch_bounds__(kThreads)
   float* a = reinterpret_cast<float*>(dyn);  // [MG] share-averaged scores
   float* lse = a + MG;                       // [G]
   __shared__ float part[2 * kMaxGroup];      // (max, sum) of a head's LSE per warp of the head
-  uint8_t* keep = reinterpret_cast<uint8_t*>(lse + kMaxGroup);  // [MG]
+  uint32_t* eq_w = reinterpret_cast<uint32_t*>(lse + kMaxGroup);        // [MG / 32] ties at T
+  uint32_t* kept_w = eq_w + (MG + 31) / 32;                             // [MG / 32] kept groups
+  uint32_t* rank_w = kept_w + (MG + 31) / 32;                           // [MG / 32] word ranks
+  uint8_t* keep = reinterpret_cast<uint8_t*>(rank_w + (MG + 31) / 32);  // [MG] forced
   const int h = blockIdx.x, b = blockIdx.y, G = Hq / H;
   const int64_t row = int64_t(b) * H + h;
   int32_t* map = page_map + row * L;
@@ -396,22 +415,47 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t T;
     int need_eq;
     radix_threshold(key_of, r.C, r.m, sm, T, need_eq);
-    // Flags written after the compaction's reads of keep (into a[] as a marker: a kept
-    // non-forced group gets +inf, which no share-averaged score reaches).
-    compact(key_of, r.C, false, T, need_eq, sm,
-            [&](int e, int) { a[e] = __int_as_float(0x7f800000); });
+    // The kept set as one bit a group, 32 groups a word (ballots), and the ranks from two
+    // block scans over the words: the ties at T kept in index order up to need_eq, then the
+    // kept groups' list order. (Two block compactions over 512-group chunks took 8 scans.)
+    const int nwords = (r.C + 31) / 32;
+    const uint32_t lt = (1u << lane) - 1u;
+    for (int w = warp; w < nwords; w += kThreads / 32) {
+      bool valid;
+      const int e = w * 32 + lane;
+      const uint32_t k = key_of(e, valid);
+      const uint32_t eqm = __ballot_sync(kFull, valid && k == T);
+      const uint32_t gtm = __ballot_sync(kFull, (valid && k > T) || (e < r.C && keep[e]));
+      if (lane == 0) eq_w[w] = eqm, kept_w[w] = gtm;
+    }
     __syncthreads();
-    for (int j = threadIdx.x; j < r.C; j += kThreads)
-      if (a[j] == __int_as_float(0x7f800000)) keep[j] = 1;
-    __syncthreads();
-    // The kept groups' pages in ascending order, then the open group and the tail.
-    auto kept_of = [&](int e, bool& valid) {
-      valid = e < r.C && keep[e];
-      return 0u;
+    auto scan_words = [&](const uint32_t* words) {  // exclusive prefix of popc into rank_w
+      uint32_t carry = 0;
+      for (int base = 0; base < nwords; base += kThreads) {
+        const int w = base + threadIdx.x;
+        const uint32_t x = w < nwords ? uint32_t(__popc(words[w])) : 0u;
+        uint32_t pre, agg;
+        Scan(sm.scan).ExclusiveSum(x, pre, agg);
+        if (w < nwords) rank_w[w] = carry + pre;
+        carry += agg;
+        __syncthreads();
+      }
     };
-    // (a[] is free now: it holds the kept groups in order, then every thread writes pages.)
+    scan_words(eq_w);
+    for (int w = warp; w < nwords; w += kThreads / 32) {
+      const uint32_t eqm = eq_w[w];
+      const bool take = (eqm >> lane & 1u) && rank_w[w] + __popc(eqm & lt) < uint32_t(need_eq);
+      const uint32_t tm = __ballot_sync(kFull, take);
+      if (lane == 0) kept_w[w] |= tm;
+    }
+    __syncthreads();
+    scan_words(kept_w);
+    // a[] is free now: the kept groups in order, then every thread writes pages.
     int32_t* grp = reinterpret_cast<int32_t*>(a);
-    compact(kept_of, r.C, true, 0u, 0, sm, [&](int e, int pos) { grp[pos] = e; });
+    for (int w = warp; w < nwords; w += kThreads / 32) {
+      const uint32_t km = kept_w[w];
+      if (km >> lane & 1u) grp[rank_w[w] + __popc(km & lt)] = w * 32 + lane;
+    }
     __syncthreads();
     const int base = (r.m + r.F) * S;
     for (int i = threadIdx.x; i < base; i += kThreads) put(i, grp[i / S] * S + i % S);
@@ -447,12 +491,18 @@ void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView
   const size_t smem =
       sizeof(float) * (size_t(GP) * l.head_dim + GP + size_t(kSuperWarps) * (32 + 2 * HC));
   const int mode = !cfg.use_extent ? 0 : cfg.mix ? 2 : 1;
-  const dim3 grid(unsigned(ceil_div(MG, kSuperWarps)), unsigned(H), unsigned(batch.batch_size));
+  // Groups a warp: enough blocks for ~2 waves of 2 blocks an SM (132 SMs assumed; only the
+  // grid shape depends on it), at most kMaxGpw.
+  const int64_t warps = int64_t(ceil_div(MG, kSuperWarps)) * kSuperWarps * H * batch.batch_size;
+  const int gpw =
+      int(std::clamp<int64_t>(warps / (int64_t(132) * 2 * kSuperWarps * 2), 1, kMaxGpw));
+  const dim3 grid(unsigned(ceil_div(MG, kSuperWarps * gpw)), unsigned(H),
+                  unsigned(batch.batch_size));
   auto go = [&](auto kernel) {
     launch_kernel(kernel, grid, dim3(kSuperWarps * 32), smem, st, sup_arrays(s), H, l.head_dim,
                   l.rank, l.group_pages, l.page_size, t.table, t.stride, MG, batch.seq_lens,
                   batch.max_blocks_per_seq, q, Hq, scale, cfg.agg == GroupAgg::lse,
-                  float(cfg.gamma), out);
+                  float(cfg.gamma), out, gpw);
   };
   if (mode == 0)
     go(super_score_kernel<RM, NP, PL, 0>);
@@ -495,7 +545,8 @@ void launch_super_score(const SuperView& s, const SuperTableView& t, const Batch
 }
 
 size_t select_groups_list_smem(int max_groups) {
-  return sizeof(float) * (size_t(max_groups) + kMaxGroup) + size_t(max_groups);
+  return sizeof(float) * (size_t(max_groups) + kMaxGroup) + 3 * 4 * size_t((max_groups + 31) / 32) +
+         size_t(max_groups);
 }
 
 void prepare_super_kernels() {
@@ -504,7 +555,8 @@ void prepare_super_kernels() {
 }
 
 int max_list_groups() {
-  return int((kListSmemMax - sizeof(float) * kMaxGroup) / (sizeof(float) + 1)) / 16 * 16;
+  // 4 + 1 bytes a group, 12 bytes per 32 groups.
+  return int((kListSmemMax - sizeof(float) * kMaxGroup - 64) / (5.0 + 12.0 / 32)) / 32 * 32;
 }
 
 void launch_select_groups_list(const float* gh, int MG, const BatchView& batch, int Hq, int H,
