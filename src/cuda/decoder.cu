@@ -4,6 +4,7 @@
 // regions; no allocation, no host sync).
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "common.cuh"
 #include "kernels.cuh"
@@ -132,10 +133,13 @@ DecodePlan plan_decode(const DecodeParams& params) {
     // Level 2 runs the scoring, aggregation and selection kernels over list_cap positions:
     // their own chunk sizes and cluster choice for that length.
     const int Lc = plan.list_cap;
-    LOCKS_REQUIRE(
-        detail::super_score_supported(p.super, G), "two-level step: super layout (rank ",
-        p.super.rank, ", head_dim ", p.super.head_dim, ", S ", p.super.group_pages,
-        ") has no CUDA level-1 kernel (S <= 64; rank <= 8 at d <= 256, <= 16 at d <= 128)");
+    if (!detail::super_score_supported(p.super, G))
+      throw Unsupported("plan_decode: two-level step: super layout (rank " +
+                        std::to_string(p.super.rank) + ", head_dim " +
+                        std::to_string(p.super.head_dim) + ", S " +
+                        std::to_string(p.super.group_pages) +
+                        ") has no CUDA level-1 kernel (S <= 64; rank <= 8 at d <= 256, <= 16 "
+                        "at d <= 128)");
     LOCKS_REQUIRE(plan.max_groups <= detail::max_list_groups(), "two-level step: ", plan.max_groups,
                   " groups a sequence, more than the group choice holds (",
                   detail::max_list_groups(), ")");
