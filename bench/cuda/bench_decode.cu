@@ -9,6 +9,12 @@
 //                         [--select-cluster -1|1|2|4|8|16]
 //   --only runs one row, any context and batch (the first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
+//       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--only M CONTEXT BATCH]
+//   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
+//   dense in the same run, per stage, at budgets 512 and 2048 (rows: Llama-3.1-8B 1M b1,
+//   GLM-4-9B 1M b1, Llama-3.1-8B 128K b8). The super summaries hold random codes filled on
+//   the device (the step's time depends on the values only through which pages are
+//   selected; the page summaries are built from the random K as in the flat rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "locks/contract.h"
 #include "locks/cuda/decoder.h"
 #include "locks/cuda/summary_builder.h"
 
@@ -154,6 +161,9 @@ const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 12
 
 struct Opts {
   bool quick = false;
+  bool two_level = false;
+  int group_pages = 32;                   // --S
+  double alpha = 32.0;                    // --alpha
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
@@ -338,6 +348,213 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   CK(cudaStreamDestroy(st));
 }
 
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
+    p[i] = uint8_t(x);
+  }
+}
+__global__ void fill_scale(float* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
+    p[i] = lo + (hi - lo) * float(x & 0xffffu) / 65535.0f;
+  }
+}
+
+// The two-level step vs flat LOCKS vs dense, one plan (params.two_level on: the flat and
+// dense ops run from the same plan and workspace), CUDA graphs, L2 flushed before each.
+void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opts& o) {
+  const int64_t pages = ctx / kP, blocks = pages * B;
+  const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;
+  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
+  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
+  const size_t nb = size_t(blocks) * m.hkv;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  void *k, *v;
+  CK(cudaMalloc(&k, kv_bytes));
+  CK(cudaMalloc(&v, kv_bytes));
+  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
+  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
+  std::vector<int32_t> bt(size_t(B) * pages);
+  std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(ctx));
+  std::vector<int32_t> ids(static_cast<size_t>(blocks));
+  for (int b = 0; b < B; ++b)
+    for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
+  for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
+  int32_t *dbt, *dlens, *dids;
+  CK(cudaMalloc(&dbt, bt.size() * 4));
+  CK(cudaMalloc(&dlens, lens.size() * 4));
+  CK(cudaMalloc(&dids, ids.size() * 4));
+  CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  const BatchView batch{dbt, pages, dlens, B, int(pages)};
+  const KvCacheView cache{k, v, L};
+  SummaryView s;
+  s.layout = sl;
+  CK(cudaMalloc(&s.mu_q, nb * m.d));
+  CK(cudaMalloc(&s.mu_scale, nb * 4));
+  CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
+  CK(cudaMalloc(&s.basis_scale, nb * basis_scales_per_head(sl) * 4));
+  CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
+  CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
+  {
+    cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
+    builder.build(cache, dids, blocks, s, st);
+    CK(cudaStreamSynchronize(st));
+  }
+  // Super summaries: random codes, scales that keep the estimates in a sane range.
+  const int S = o.group_pages, MG = int((pages + S - 1) / S);
+  SuperLayout U;
+  U.num_slots = int64_t(B) * MG;
+  U.group_pages = S;
+  U.page_size = kP;
+  U.num_kv_heads = m.hkv;
+  U.head_dim = m.d;
+  U.rank = kRank;
+  U.extent = true;
+  const size_t gh = size_t(U.num_slots) * m.hkv;
+  SuperView sv;
+  sv.layout = U;
+  std::vector<void*> sup_bufs;
+  auto alloc_bytes = [&](auto*& p, size_t n, uint32_t seed) {
+    CK(cudaMalloc((void**)&p, n));
+    fill_bytes<<<1024, 256, 0, st>>>((uint8_t*)p, n, seed);
+    sup_bufs.push_back((void*)p);
+  };
+  auto alloc_scale = [&](float*& p, size_t n, uint32_t seed, float lo, float hi) {
+    CK(cudaMalloc((void**)&p, n * 4));
+    fill_scale<<<1024, 256, 0, st>>>(p, n, seed, lo, hi);
+    sup_bufs.push_back((void*)p);
+  };
+  alloc_bytes(sv.mu_q, gh * m.d, 11);
+  alloc_scale(sv.mu_scale, gh, 12, 0.002f, 0.004f);
+  alloc_bytes(sv.basis_q, gh * kRank * m.d / 2, 13);
+  alloc_scale(sv.basis_scale, gh * kRank, 14, 0.01f, 0.02f);
+  alloc_bytes(sv.coord_q, gh * S * kRank, 15);
+  alloc_scale(sv.coord_scale, gh * kRank, 16, 0.002f, 0.004f);
+  alloc_bytes(sv.radius_q, gh * S, 17);
+  alloc_scale(sv.radius_scale, gh, 18, 0.002f, 0.004f);
+  alloc_bytes(sv.lo_q, gh * S * kRank, 19);
+  alloc_bytes(sv.hi_q, gh * S * kRank, 20);
+  alloc_scale(sv.extent_scale, gh * kRank, 21, 0.002f, 0.004f);
+  std::vector<int32_t> tab(size_t(B) * MG);
+  for (size_t i = 0; i < tab.size(); ++i) tab[i] = int32_t(i);
+  int32_t* dtab;
+  CK(cudaMalloc(&dtab, tab.size() * 4));
+  CK(cudaMemcpy(dtab, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
+  const SuperTableView tv{dtab, MG, MG};
+
+  float *q, *out;
+  CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
+  CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
+  fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
+  DecodeParams p;
+  p.cache = L;
+  p.summary = sl;
+  p.num_q_heads = m.hq;
+  p.max_batch = B;
+  p.max_blocks_per_seq = int(pages);
+  p.select = SelectConfig{budget, 1, 2};
+  p.two_level = true;
+  p.two.alpha = o.alpha;
+  p.super = U;
+  p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
+  p.select_cluster = o.select_cluster;
+  const DecodePlan plan = cuda::plan_decode(p);
+  void* wsp;
+  CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));
+  const Workspace ws{wsp, plan.workspace_bytes};
+  const QueryView qv{q, m.hq};
+  const AttentionOutput ao{out, nullptr};
+  const int reps = reps_for(2.0 * kv_bytes, o.quick);
+  double t_stage[6] = {0, 0, 0, 0, 0, 0};
+  for (int k2 = 1; k2 <= 5; ++k2) {
+    Graph g(
+        [&] {
+          cuda::decode_two_level_stages(plan, ws, cache, s, sv, tv, batch, qv, ao, nullptr, k2, st);
+        },
+        st);
+    t_stage[k2] = median_ms([&] { g.launch(st); }, st, reps);
+  }
+  Graph g_two(
+      [&] { cuda::decode_two_level(plan, ws, cache, s, sv, tv, batch, qv, ao, nullptr, st); }, st);
+  Graph g_flat([&] { cuda::decode(plan, ws, cache, s, batch, qv, ao, nullptr, st); }, st);
+  Graph g_dense([&] { cuda::decode_attention_dense(plan, ws, cache, batch, qv, ao, st); }, st);
+  const double t_two = median_ms([&] { g_two.launch(st); }, st, reps);
+  const double t_flat = median_ms([&] { g_flat.launch(st); }, st, reps);
+  const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
+  // The selection of the two-level step: its pages count must be the budget's.
+  Graph g_sel(
+      [&] { cuda::decode_two_level(plan, ws, cache, s, sv, tv, batch, qv, ao, nullptr, st); }, st);
+  g_sel.launch(st);
+  std::vector<int32_t> counts(size_t(B) * m.hkv);
+  CK(cudaMemcpyAsync(counts.data(), (char*)wsp + plan.counts.offset, counts.size() * 4,
+                     cudaMemcpyDeviceToHost, st));
+  CK(cudaStreamSynchronize(st));
+  double sel_pages = 0;
+  for (int c : counts) sel_pages += c;
+  const StepBytes sb = two_level_step_bytes(U, sl, p.two, p.select, ctx);
+  std::printf(
+      "%-13s %8lld %3d %5d | %8.4f %8.4f %8.4f | %6.2f %6.2f | %7.4f %7.4f %7.4f %7.4f %7.4f | "
+      "%5d %4d %3d %6.1f %6.1f\n",
+      m.name, (long long)ctx, B, budget, t_dense, t_flat, t_two, t_dense / t_flat, t_dense / t_two,
+      t_stage[1], t_stage[2] - t_stage[1], t_stage[3] - t_stage[2], t_stage[4] - t_stage[3],
+      t_stage[5] - t_stage[4], plan.list_cap, plan.l2_score_chunk_pages, plan.l2_select_cluster,
+      sel_pages / (B * m.hkv), sb.dense / sb.total());
+  std::fflush(stdout);
+  if (o.csv)
+    std::fprintf(o.csv, "%s,%lld,%d,%d,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%d,%d,%.2f\n",
+                 m.name, (long long)ctx, B, budget, t_dense, t_flat, t_two, t_stage[1],
+                 t_stage[2] - t_stage[1], t_stage[3] - t_stage[2], t_stage[4] - t_stage[3],
+                 t_stage[5] - t_stage[4], plan.list_cap, plan.l2_select_cluster,
+                 sb.dense / sb.total());
+  for (void* ptr : sup_bufs) CK(cudaFree(ptr));
+  for (void* ptr : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
+                    (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q, (void*)s.coeff_scale,
+                    (void*)q, (void*)out, (void*)dtab, wsp})
+    CK(cudaFree(ptr));
+  CK(cudaStreamDestroy(st));
+}
+
+void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ctx, int only_batch) {
+  std::printf(
+      "\ntwo-level step (S %d, alpha %.0f, R %d extent, budget b; sink 1, recent 2)\n%-13s %8s "
+      "%3s %5s | %8s %8s %8s | %6s %6s | %7s %7s %7s %7s %7s | %5s %4s %3s %6s %6s\n",
+      o.group_pages, o.alpha, kRank, "model", "context", "B", "b", "dense", "flat", "two", "xflat",
+      "xtwo", "lvl1", "choice", "lvl2", "aggsel", "attn", "list", "l2cp", "cl", "pages", "xbytes");
+  if (o.csv)
+    std::fprintf(o.csv,
+                 "model,context,batch,budget,dense_ms,flat_ms,two_level_ms,level1_ms,choice_ms,"
+                 "level2_ms,aggsel_ms,attn_ms,list_cap,l2_cluster,bytes_ratio\n");
+  struct Row {
+    const char* model;
+    int64_t ctx;
+    int batch;
+  };
+  std::vector<Row> rows = {
+      {"Llama-3.1-8B", 1048576, 1}, {"GLM-4-9B", 1048576, 1}, {"Llama-3.1-8B", 131072, 8}};
+  if (!only_model.empty()) rows = {{only_model.c_str(), only_ctx, only_batch}};
+  for (const Row& r : rows)
+    for (const Model& m : kModels)
+      if (std::string(m.name).rfind(r.model, 0) == 0) {
+        for (int budget : {512, 2048}) run_two_level_row(m, r.ctx, r.batch, budget, o);
+        break;
+      }
+  std::printf(
+      "\ndense / flat / two = ms per step (CUDA graphs, L2 flushed); xflat, xtwo = dense / flat, "
+      "dense / two; lvl1 .. attn = the two-level step's stages (cumulative graphs, differences): "
+      "level 1, group choice + page list, level-2 scoring, aggregation + selection + map, "
+      "attention; list = level-2 positions a (sequence, KV head); l2cp = level-2 pages per "
+      "scoring block; cl = level-2 selection cluster; pages = selected pages a row; xbytes = "
+      "dense / two-level bytes of the byte model\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -346,8 +563,11 @@ int main(int argc, char** argv) {
   std::string only_model;
   int64_t only_ctx = 0;
   int only_batch = 0;
-  for (int i = 2; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
+    if (std::strcmp(argv[i], "--two-level") == 0) o.two_level = true;
+    if (std::strcmp(argv[i], "--S") == 0 && i + 1 < argc) o.group_pages = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--alpha") == 0 && i + 1 < argc) o.alpha = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
       o.score_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));
@@ -369,8 +589,13 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaMalloc(&g_flush, kFlushBytes));
+  o.csv = csv_path && std::strncmp(csv_path, "--", 2) != 0 ? std::fopen(csv_path, "w") : nullptr;
+  if (o.two_level) {
+    run_two_level(o, only_model, only_ctx, only_batch);
+    if (o.csv) std::fclose(o.csv);
+    return 0;
+  }
   o.ceiling = only_model.empty() ? measure_read_ceiling(st) : 4.4;
-  o.csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (o.csv)
     std::fprintf(o.csv,
                  "model,context,batch,dense_ms,locks_ms,time_ratio,dense_bytes,locks_bytes,"

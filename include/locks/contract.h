@@ -9,6 +9,8 @@
 // Memory: cpu:: pointers are host pointers, cuda:: pointers device pointers (views in
 // kv_cache.h, summary.h, score.h, select.h, attention.h). Host-side arguments (n_blocks,
 // n_slots, appended, the plan) are plain values.
+// The two-level step (plan from params.two_level): decode_two_level below.
+//
 // Invariants of every run call:
 //   - no allocation: every buffer of the step lives in the workspace (CPU: per-thread
 //     slices for plan.threads threads; tests/ops counts operator new over 1,000 decode
@@ -37,6 +39,7 @@
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+#include "locks/super_summary.h"
 #include "locks/support.h"
 
 // cuda_runtime_api.h's own spelling, so that this header needs no CUDA headers.
@@ -85,6 +88,18 @@ void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheV
 void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
             const SummaryView& summaries, const BatchView& batch, const QueryView& q,
             const AttentionOutput& out, const Selection* selection_out);
+// The two-level step (super_summary.h; a plan with params.two_level): level 1 (super_score
+// into plan.super_scores), the kept groups as a page list (select_groups_list into
+// plan.page_map / list_lens), level-2 scoring of the listed pages only, aggregation and
+// selection over list positions, positions mapped back to logical pages (ascending), then
+// sparse attention. supers: the super summaries (layout == params.super); super_table:
+// the slot of each complete group, max_groups_per_seq >= plan.max_groups. The selection
+// equals the mask path's (select_groups, score_pages_masked, aggregate_gqa, select_pages).
+// CPU: level 1 and the group choice allocate small per-group buffers (the other ops do not).
+void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                      const SummaryView& summaries, const SuperView& supers,
+                      const SuperTableView& super_table, const BatchView& batch, const QueryView& q,
+                      const AttentionOutput& out, const Selection* selection_out);
 }  // namespace cpu
 
 namespace cuda {
@@ -117,6 +132,20 @@ void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheV
 void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
             const SummaryView& summaries, const BatchView& batch, const QueryView& q,
             const AttentionOutput& out, const Selection* selection_out, cudaStream_t stream);
+// cpu::decode_two_level on the GPU: no allocation, no host synchronisation (capturable).
+void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                      const SummaryView& summaries, const SuperView& supers,
+                      const SuperTableView& super_table, const BatchView& batch, const QueryView& q,
+                      const AttentionOutput& out, const Selection* selection_out,
+                      cudaStream_t stream);
+// The first `stages` stages of decode_two_level (1: level 1; 2: + group choice and page
+// list; 3: + level-2 scoring; 4: + aggregation, selection and the map back to pages; 5: +
+// attention, the whole step), for per-stage timing (locks_bench_cuda --two-level).
+void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                             const SummaryView& summaries, const SuperView& supers,
+                             const SuperTableView& super_table, const BatchView& batch,
+                             const QueryView& q, const AttentionOutput& out,
+                             const Selection* selection_out, int stages, cudaStream_t stream);
 }  // namespace cuda
 
 }  // namespace locks

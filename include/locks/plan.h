@@ -13,6 +13,7 @@
 #include "locks/kv_cache.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+#include "locks/super_summary.h"
 #include "locks/support.h"
 
 namespace locks {
@@ -33,6 +34,13 @@ struct DecodeParams {
   // (sequence, KV head): 0 = the plan's rule (small grids, fixed budget), -1 = never (the
   // separate aggregation and two-stage selection), 1, 2, 4, 8 or 16 to force one.
   int select_cluster = 0;
+  // The two-level (super-page) step, decode_two_level in contract.h (super_summary.h): off
+  // by default. On: the plan sizes level 1's scores, the level-2 page list (list_cap) and
+  // its regions; super's page_size, num_kv_heads and head_dim must match the cache, and
+  // the budget must be fixed (tau = 0).
+  bool two_level = false;
+  TwoLevelConfig two;
+  SuperLayout super;
 };
 
 DecodeShape decode_shape(const DecodeParams& p);
@@ -73,6 +81,17 @@ struct DecodePlan {
   // (CPU per-thread selection and attention buffers).
   WorkspaceRegion head_scores, group_scores, pages, counts, chunk_lse, head_lse, cand_key, cand_idx,
       cand_cnt, part_o, part_ml, scratch;
+  // Two-level step (params.two_level): list_cap = entries per (sequence, KV head) of the
+  // level-2 page list (two_level_list_capacity), max_groups = ceil(max_blocks_per_seq / S);
+  // level 2's own choices over list_cap positions (CUDA: pages per scoring block, selection
+  // chunks, cluster size); regions super_scores [B, Hq, max_groups] f32, page_map
+  // [B, Hkv, list_cap] i32, list_blocks [B, Hkv, list_cap] i32 (the listed pages' block
+  // ids), list_lens [B] i32. Level 2 reuses head_scores, chunk_lse, group_scores and the
+  // candidates ([B, Hq, list_cap] etc.: list_cap <= max_blocks_per_seq).
+  int list_cap = 0, max_groups = 0;
+  int l2_score_chunk_pages = 0, l2_select_chunks = 0, l2_select_chunk_pages = 0,
+      l2_select_cluster = 0;
+  WorkspaceRegion super_scores, page_map, list_blocks, list_lens;
 
   // A fixed-length int64 vector (torch carries it as int[]). Element kIntWorkspaceBytes is
   // workspace_bytes, kIntCapacity the capacity; kIntTag a version tag from_ints checks.
@@ -80,9 +99,10 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag =
-      0x4c4f434b5304;  // "LOCKS" v4 (v2: tau, floor_pages; v3: basis_group; v4: select_cluster)
-  static constexpr size_t kNumInts = 64;
+  static constexpr int64_t kTag = 0x4c4f434b5305;  // "LOCKS" v5 (v2: tau, floor_pages;
+                                                   // v3: basis_group; v4: select_cluster;
+                                                   // v5: two-level step, 96 ints)
+  static constexpr size_t kNumInts = 96;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent
   // fields (regions outside workspace_bytes, capacity not the budget rule's).

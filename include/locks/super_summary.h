@@ -38,13 +38,21 @@
 //   complete groups C = floor(full_pages / S) have a super summary; the pages after them
 //   (the "open" group: at most S - 1 full pages and the tail) have none and are always
 //   scored at level 2, like the tail page of flat LOCKS;
-//   kept groups m = max(min_groups, ceil(alpha * k / S)); the first `first_groups` groups
-//   (attention sinks: real models put much of their mass on the first tokens, which a
-//   group's summary dilutes) and the groups holding the sink and recent pages are kept on
-//   top of the m best by the GQA share-averaged group score (score.h's rule on groups);
-//   fallback to flat (every page scored): b >= seq_len, C < flat_below_groups, or m >= C.
-// The page mask [batch, H, max_blocks] then drives score_pages_masked, and the usual
-// aggregate_gqa + select_pages choose the pages (pages outside the mask score -inf).
+//   forced groups (forced_groups): the first `first_groups` groups (attention sinks: real
+//   models put much of their mass on the first tokens, which a group's summary dilutes)
+//   and the groups holding a sink or a recent page; F of them, a function of the length;
+//   kept groups: the forced ones plus the m = max(min_groups, ceil(alpha * k / S)) best of
+//   the OTHER complete groups by the GQA share-averaged group score (score.h's rule on
+//   groups; ties to the lower index), so every KV head of a sequence keeps m + F groups
+//   (the same count: the CUDA step's level 2 has one page count per sequence);
+//   fallback to flat (every page scored): b >= seq_len, C < flat_below_groups, or m + F >= C.
+// Level 2 scores the pages of the kept groups, the open group and the tail: as a page mask
+// [batch, H, max_blocks] (select_groups, then score_pages_masked, aggregate_gqa and
+// select_pages; pages outside the mask score -inf), or as a compact ascending list of
+// those pages (select_groups_list; decode_two_level in contract.h scores, aggregates and
+// selects over list positions, then maps them back to pages: the same selection, because
+// the list keeps the sink pages first, the recent pages and the tail last and ties to the
+// lower position are ties to the lower page).
 #pragma once
 
 #include <cstddef>
@@ -55,6 +63,9 @@
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+
+// cuda_runtime_api.h's own spelling, so that this header needs no CUDA headers.
+typedef struct CUstream_st* cudaStream_t;
 
 namespace locks {
 
@@ -138,17 +149,37 @@ struct TwoLevelConfig {
 // Throws on min_groups < 1, alpha < 1 or not finite, flat_below_groups < 0,
 // first_groups < 0, gamma < 0 or not finite.
 void validate_two_level(const TwoLevelConfig& cfg);
-// Groups kept by the rule above for a sequence of `full_pages` full pages, or -1 when the
-// step falls back to flat scoring (every page scored). budget_tokens >= len is the caller's
-// (selects_all) case, also -1 here when len_tokens <= budget_tokens.
+
+// The forced groups of a sequence of len tokens: [0, first_end) u [recent_begin, complete)
+// (first groups and sink pages at the start, recent pages at the end; the two ranges may
+// overlap), count = the size of that union.
+struct ForcedGroups {
+  int complete = 0, first_end = 0, recent_begin = 0, count = 0;
+};
+ForcedGroups forced_groups(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
+                           int group_pages, int64_t len_tokens);
+// The most forced groups any length can have (sizes the level-2 list).
+int forced_groups_max(const TwoLevelConfig& cfg, const SelectConfig& sel, int group_pages);
+
+// The kept "other" groups m (on top of the forced ones) by the rule above for a sequence of
+// len_tokens tokens, or -1 when the step falls back to flat scoring (every page scored).
+// budget_tokens >= len is the caller's (selects_all) case, also -1 here.
 int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size, int group_pages,
                 int64_t len_tokens);
 
+// Entries per (sequence, KV head) of the level-2 page list: every page a non-fallback step
+// lists ((m + F) S + the open group and tail, at most (m + F + 1) S) and every page of a
+// fallback sequence (fewer than (max(m + F, flat_below_groups) + 1) S pages unless the
+// budget covers it), capped by max_blocks_per_seq:
+//   min(max_blocks_per_seq, (max(m_max + F_max, flat_below_groups) + 1) * S)
+// with m_max = max(min_groups, ceil(alpha k / S)), F_max = forced_groups_max.
+int two_level_list_capacity(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
+                            int group_pages, int max_blocks_per_seq);
+
 // The byte model (docs/study_hierarchical.md): what one decode step reads per (sequence,
-// KV head) at len tokens, bf16 K+V and the stored codes; the kept groups as groups_kept says
-// (plus first_groups, and one group each for sink and recent pages when asked for), the open
-// group's full pages read at level 2 too. On a fallback level1 is 0 and level2 is every page
-// summary.
+// KV head) at len tokens, bf16 K+V and the stored codes; the kept groups m + F (groups_kept
+// and forced_groups), the open group's full pages read at level 2 too. On a fallback level1 is 0
+// and level2 is every page summary.
 struct StepBytes {
   double level1 = 0, level2 = 0, attended = 0;
   double flat = 0;   // flat LOCKS: every page summary + attended
@@ -179,11 +210,38 @@ void select_groups(const float* group_head_scores, const SuperTableView& table,
                    int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
                    uint8_t* page_mask);
 
+// The same choice as a compact list (the CUDA step's form): page_map [batch, num_kv_heads,
+// list_cap] int32, the logical pages level 2 scores in ascending order, -1 padded (every
+// page on a fallback), and list_lens [batch] int32, the length in tokens of a sequence made
+// of the listed pages (len - (n_pages - listed) * P: the tail page stays partial). Every KV
+// head of a sequence lists the same number of pages. Throws when a sequence needs more than
+// list_cap entries (two_level_list_capacity is enough).
+void select_groups_list(const float* group_head_scores, const SuperTableView& table,
+                        const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                        int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                        int list_cap, int32_t* page_map, int32_t* list_lens);
+
 // score_pages (score.h) on the masked pages only; -inf elsewhere (and at the tail page).
 // page_mask [batch, num_kv_heads, max_blocks_per_seq].
 void score_pages_masked(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                         float scale, const uint8_t* page_mask, float* head_scores);
 }  // namespace cpu
+
+namespace cuda {
+// cpu::super_score and cpu::select_groups_list on the GPU (device pointers; the host checks
+// what it can see: shapes, configs, null pointers; device arrays are trusted like a kernel's
+// inputs, an invalid length lists no page). super_score: one warp per (sequence, KV head,
+// group), the group's codes read once for its G query heads; ranks up to 32.
+// select_groups_list: one block per (sequence, KV head); max_groups_per_seq up to ~32K
+// (the scores and flags of a row in 160 KB of shared memory).
+void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
+                 const QueryView& q, float scale, const TwoLevelConfig& cfg,
+                 float* group_head_scores, cudaStream_t stream);
+void select_groups_list(const float* group_head_scores, const SuperTableView& table,
+                        const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                        int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                        int list_cap, int32_t* page_map, int32_t* list_lens, cudaStream_t stream);
+}  // namespace cuda
 
 namespace ref {
 // Float64 restatements (codes dequantized, arithmetic in double) of the cpu:: ops above.
@@ -196,6 +254,10 @@ void select_groups(const double* group_head_scores, const SuperTableView& table,
                    const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                    int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
                    uint8_t* page_mask);
+void select_groups_list(const double* group_head_scores, const SuperTableView& table,
+                        const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                        int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                        int list_cap, int32_t* page_map, int32_t* list_lens);
 }  // namespace ref
 
 }  // namespace locks

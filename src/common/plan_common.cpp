@@ -1,6 +1,7 @@
 // plan_common and the run-time checks shared by cpu:: and cuda:: (plan_common.h).
 #include "plan_common.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "locks/error.h"
@@ -48,6 +49,35 @@ DecodePlan plan_common(const DecodeParams& params, Backend backend) {
   plan.group = params.num_q_heads / L.num_kv_heads;
   plan.capacity =
       rules::select_capacity(params.select.budget_tokens, L.page_size, params.max_blocks_per_seq);
+  if (params.two_level) {
+    const SuperLayout& U = params.super;
+    const TwoLevelConfig& T = params.two;
+    validate_super_layout(U);
+    validate_two_level(T);
+    LOCKS_REQUIRE(
+        U.page_size == L.page_size && U.num_kv_heads == L.num_kv_heads && U.head_dim == L.head_dim,
+        "params.super's geometry (page_size ", U.page_size, ", num_kv_heads ", U.num_kv_heads,
+        ", head_dim ", U.head_dim, ") differs from the cache's");
+    LOCKS_REQUIRE(!T.use_extent || U.extent, "two.use_extent needs a super layout with extent");
+    LOCKS_REQUIRE(params.select.tau == 0.0f,
+                  "the two-level step needs the fixed budget (tau = 0), got tau ",
+                  params.select.tau,
+                  ": the adaptive budget's mass search needs every page's score, level 2 "
+                  "scores only the listed pages");
+    // The listed tokens must exceed the budget whenever the step is two-level, so that the
+    // selection over the list takes floor(b / P) pages as the masked one does: guaranteed
+    // by a forced first group or sink page, or by m S > floor(b / P).
+    const int S = U.group_pages;
+    const int64_t k = rules::budget_pages(params.select.budget_tokens, L.page_size);
+    const int64_t m =
+        std::max<int64_t>(T.min_groups, int64_t(std::min(std::ceil(T.alpha * double(k) / S), 1e9)));
+    LOCKS_REQUIRE(T.first_groups >= 1 || params.select.sink_pages >= 1 || m * S > k,
+                  "the two-level step needs first_groups >= 1, sink_pages >= 1 or kept groups "
+                  "holding more pages than the budget's slots (m S > floor(b / P))");
+    plan.list_cap =
+        two_level_list_capacity(T, params.select, L.page_size, S, params.max_blocks_per_seq);
+    plan.max_groups = (params.max_blocks_per_seq + S - 1) / S;
+  }
   return plan;
 }
 

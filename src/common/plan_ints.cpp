@@ -30,10 +30,21 @@ void fields(Plan& p, F&& f) {
   for (auto* r : {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,
                   &p.cand_key, &p.cand_idx, &p.cand_cnt, &p.part_o, &p.part_ml, &p.scratch})
     f(r->offset), f(r->bytes);
+  // v5: the two-level step.
+  auto& t = p.params.two;
+  f(p.params.two_level), f(t.min_groups), f(t.alpha), f(t.flat_below_groups), f(t.first_groups);
+  f(t.gamma), f(t.agg), f(t.use_extent), f(t.mix);
+  auto& u = p.params.super;
+  f(u.num_slots), f(u.group_pages), f(u.page_size), f(u.num_kv_heads), f(u.head_dim), f(u.rank);
+  f(u.extent);
+  f(p.list_cap), f(p.max_groups), f(p.l2_score_chunk_pages), f(p.l2_select_chunks),
+      f(p.l2_select_chunk_pages), f(p.l2_select_cluster);
+  for (auto* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
+    f(r->offset), f(r->bytes);
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 23 + 2 + 10 + 24;
+constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -42,6 +53,10 @@ int64_t to_int(const T& x) {
     uint32_t u;
     std::memcpy(&u, &x, 4);
     return int64_t(u);
+  } else if constexpr (std::is_same_v<T, double>) {
+    int64_t u;
+    std::memcpy(&u, &x, 8);
+    return u;
   } else {
     return static_cast<int64_t>(x);
   }
@@ -52,6 +67,8 @@ void from_int(int64_t v, T& x) {
   if constexpr (std::is_same_v<T, float>) {
     const auto u = static_cast<uint32_t>(v);
     std::memcpy(&x, &u, 4);
+  } else if constexpr (std::is_same_v<T, double>) {
+    std::memcpy(&x, &v, 8);
   } else if constexpr (std::is_enum_v<T>) {
     x = static_cast<T>(v);
   } else {
@@ -110,6 +127,21 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
     LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
                       uint64_t(r->offset + r->bytes) <= p.workspace_bytes,
                   "plan vector region outside the workspace");
+  if (q.two_level) {  // the two-level fields a run call trusts
+    validate_super_layout(q.super);
+    validate_two_level(q.two);
+    LOCKS_REQUIRE(
+        q.super.page_size == q.cache.page_size && q.super.num_kv_heads == q.cache.num_kv_heads &&
+            q.super.head_dim == q.cache.head_dim &&
+            p.list_cap == two_level_list_capacity(q.two, q.select, q.cache.page_size,
+                                                  q.super.group_pages, q.max_blocks_per_seq) &&
+            p.max_groups == (q.max_blocks_per_seq + q.super.group_pages - 1) / q.super.group_pages,
+        "inconsistent two-level fields in the plan vector");
+    for (const WorkspaceRegion* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
+      LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
+                        uint64_t(r->offset + r->bytes) <= p.workspace_bytes,
+                    "plan vector region outside the workspace");
+  }
   return p;
 }
 

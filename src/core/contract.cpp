@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "internal/check.h"
 #include "internal/ops.h"
 #include "locks/error.h"
 #include "plan_common.h"
@@ -52,6 +53,12 @@ DecodePlan plan_decode(const DecodeParams& params) {
   // CPU: part_o holds the attention's chunk bookkeeping and states (bounded by M pages).
   plan.part_o = a.add(int64_t(impl::attention_shared_bytes(B, Hkv, Hq, M, d)));
   plan.scratch = a.add(int64_t(per_thread) * plan.threads);
+  if (p.two_level) {
+    plan.super_scores = a.add(int64_t(B) * Hq * plan.max_groups * 4);
+    plan.page_map = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
+    plan.list_blocks = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
+    plan.list_lens = a.add(int64_t(B) * 4);
+  }
   plan.workspace_bytes = size_t(a.total());
   return plan;
 }
@@ -136,6 +143,71 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   impl::score_pages(summaries, batch, q, p.scale, hs, sc);
   impl::aggregate_gqa(hs, batch, p.num_q_heads, p.cache.num_kv_heads, gs, sc);
   impl::select_pages(gs, batch, p.cache.num_kv_heads, p.cache.page_size, p.select, sel, sc);
+  impl::decode_attention(cache, batch, q, p.scale, &sel, out, sc,
+                         region_ptr<std::byte>(ws, plan.part_o), size_t(plan.part_o.bytes));
+}
+
+void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                      const SummaryView& summaries, const SuperView& supers,
+                      const SuperTableView& super_table, const BatchView& batch, const QueryView& q,
+                      const AttentionOutput& out, const Selection* selection_out) {
+  check_call(plan, ws, batch, __func__);
+  LOCKS_REQUIRE(plan.params.two_level, "decode_two_level needs a plan with params.two_level");
+  detail::check_run_cache(plan, cache.layout, __func__);
+  detail::check_run_summary(plan, summaries.layout, __func__);
+  detail::check_run_query(plan, q, __func__);
+  const DecodeParams& p = plan.params;
+  const SuperLayout& U = supers.layout;
+  LOCKS_REQUIRE(U.group_pages == p.super.group_pages && U.page_size == p.super.page_size &&
+                    U.num_kv_heads == p.super.num_kv_heads && U.head_dim == p.super.head_dim &&
+                    U.rank == p.super.rank && U.extent == p.super.extent &&
+                    U.num_slots == p.super.num_slots,
+                "super layout differs from the planned one");
+  LOCKS_REQUIRE(super_table.table != nullptr && super_table.max_groups_per_seq >= plan.max_groups &&
+                    super_table.stride >= super_table.max_groups_per_seq,
+                "super table is null or holds ", super_table.max_groups_per_seq,
+                " groups a sequence (stride ", super_table.stride, "), the plan needs ",
+                plan.max_groups);
+  validate_cache(cache);
+  detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, __func__);
+  LOCKS_REQUIRE(out.out != nullptr, "out.out is null");
+  Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
+                plan.capacity};
+  if (selection_out) {
+    LOCKS_REQUIRE(selection_out->capacity == plan.capacity, "selection_out capacity ",
+                  selection_out->capacity, " differs from the plan's ", plan.capacity);
+    LOCKS_REQUIRE(selection_out->pages && selection_out->counts, "selection_out is null");
+    sel = *selection_out;
+  }
+  const int B = batch.batch_size, Hkv = p.cache.num_kv_heads, Hq = p.num_q_heads;
+  const int P = p.cache.page_size, S = p.super.group_pages, L = plan.list_cap;
+  const SuperTableView table{super_table.table, super_table.stride, plan.max_groups};
+  float* gh = region_ptr<float>(ws, plan.super_scores);
+  int32_t* map = region_ptr<int32_t>(ws, plan.page_map);
+  int32_t* lblk = region_ptr<int32_t>(ws, plan.list_blocks);
+  int32_t* llen = region_ptr<int32_t>(ws, plan.list_lens);
+  // Level 1 and the group choice (they validate their own arguments).
+  super_score(supers, table, batch, q, p.scale, p.two, gh);
+  select_groups_list(gh, table, batch, Hq, Hkv, P, S, p.select, p.two, L, map, llen);
+  // Level 2 over list positions: per KV head, the listed pages' block ids.
+  for (int64_t bg = 0; bg < int64_t(B) * Hkv; ++bg) {
+    const int b = int(bg / Hkv);
+    const int32_t* row = batch.block_table + int64_t(b) * batch.block_table_stride;
+    for (int i = 0; i < L; ++i) lblk[bg * L + i] = map[bg * L + i] >= 0 ? row[map[bg * L + i]] : -1;
+  }
+  const BatchView lb{lblk, int64_t(Hkv) * L, llen, B, L};
+  float* hs = region_ptr<float>(ws, plan.head_scores);
+  float* gs = region_ptr<float>(ws, plan.group_scores);
+  const detail::ThreadScratch sc = thread_scratch(plan, ws);
+  impl::score_pages(summaries, lb, q, p.scale, hs, sc, nullptr, L);
+  impl::aggregate_gqa(hs, lb, Hq, Hkv, gs, sc);
+  impl::select_pages(gs, lb, Hkv, P, p.select, sel, sc);
+  // Positions -> logical pages (the map ascends, so the selection stays ascending).
+  for (int64_t bg = 0; bg < int64_t(B) * Hkv; ++bg)
+    for (int i = 0; i < sel.counts[bg]; ++i) {
+      int32_t& x = sel.pages[bg * sel.capacity + i];
+      x = map[bg * L + x];
+    }
   impl::decode_attention(cache, batch, q, p.scale, &sel, out, sc,
                          region_ptr<std::byte>(ws, plan.part_o), size_t(plan.part_o.bytes));
 }

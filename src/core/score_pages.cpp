@@ -148,7 +148,7 @@ size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
 
 void impl::score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                        float scale, float* head_scores, const detail::ThreadScratch& sc,
-                       const uint8_t* page_mask) {
+                       const uint8_t* page_mask, int64_t bt_head_stride) {
   const SummaryLayout& sl = summaries.layout;
   validate_summary_layout(sl);
   detail::check_batch_blocks(batch, sl.num_blocks, sl.page_size, __func__);
@@ -196,7 +196,8 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
         for (int h = 0; h < G; ++h) dst[int64_t(h) * M] = kNegInf;
         continue;
       }
-      const int32_t block = batch.block_table[int64_t(b) * batch.block_table_stride + j];
+      const int32_t block =
+          batch.block_table[int64_t(b) * batch.block_table_stride + g * bt_head_stride + j];
       const int64_t bh = int64_t(block) * Hkv + g;
       const float* qg = q.q + (int64_t(b) * Hq + int64_t(g) * G) * d;
       const float* qwg = qg;

@@ -4,12 +4,14 @@
 // regions; no allocation, no host sync).
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/contract.h"
 #include "locks/error.h"
 #include "plan_common.h"
+#include "super.cuh"
 
 namespace locks::cuda {
 namespace {
@@ -126,6 +128,33 @@ DecodePlan plan_decode(const DecodeParams& params) {
   plan.dense_splits = ceil_div(M, plan.dense_pages_per_split);
   const int64_t splits = std::max(plan.dense_splits, plan.sparse_splits);
   const int64_t cap = plan.capacity;
+  int cand_chunks = plan.select_chunks;
+  if (p.two_level) {
+    // Level 2 runs the scoring, aggregation and selection kernels over list_cap positions:
+    // their own chunk sizes and cluster choice for that length.
+    const int Lc = plan.list_cap;
+    if (!detail::super_score_supported(p.super, G))
+      throw Unsupported("plan_decode: two-level step: super layout (rank " +
+                        std::to_string(p.super.rank) + ", head_dim " +
+                        std::to_string(p.super.head_dim) + ", S " +
+                        std::to_string(p.super.group_pages) +
+                        ") has no CUDA level-1 kernel (S <= 64; rank <= 8 at d <= 256, <= 16 "
+                        "at d <= 128)");
+    LOCKS_REQUIRE(plan.max_groups <= detail::max_list_groups(), "two-level step: ", plan.max_groups,
+                  " groups a sequence, more than the group choice holds (",
+                  detail::max_list_groups(), ")");
+    detail::prepare_super_kernels();
+    plan.l2_score_chunk_pages =
+        !detail::score_uses_tensor_cores(p.summary, G) ? detail::kScoreChunk
+        : p.score_chunk_pages                          ? p.score_chunk_pages
+                              : detail::score_chunk_pages(L.head_dim, G, int64_t(B) * Hkv, Lc, sms);
+    plan.l2_select_chunk_pages =
+        p.select_chunk_pages ? p.select_chunk_pages : detail::select_chunk_pages(Lc);
+    plan.l2_select_chunks = ceil_div(Lc, plan.l2_select_chunk_pages);
+    plan.l2_select_cluster =
+        detail::select_cluster_size(Lc, int64_t(B) * Hkv, sms, p.select_cluster);
+    cand_chunks = std::max(cand_chunks, plan.l2_select_chunks);
+  }
   locks::detail::RegionAlloc a;
   plan.head_scores = a.add(int64_t(B) * Hq * M * 4);
   plan.chunk_lse = a.add(int64_t(B) * Hq * plan.score_chunks * 2 * 4);
@@ -133,11 +162,17 @@ DecodePlan plan_decode(const DecodeParams& params) {
   plan.head_lse = a.add(int64_t(B) * Hq * 4);
   plan.pages = a.add(int64_t(B) * Hkv * cap * 4);
   plan.counts = a.add(int64_t(B) * Hkv * 4);
-  plan.cand_key = a.add(int64_t(B) * Hkv * plan.select_chunks * cap * 4);
-  plan.cand_idx = a.add(int64_t(B) * Hkv * plan.select_chunks * cap * 4);
-  plan.cand_cnt = a.add(int64_t(B) * Hkv * plan.select_chunks * 4);
+  plan.cand_key = a.add(int64_t(B) * Hkv * cand_chunks * cap * 4);
+  plan.cand_idx = a.add(int64_t(B) * Hkv * cand_chunks * cap * 4);
+  plan.cand_cnt = a.add(int64_t(B) * Hkv * cand_chunks * 4);
   plan.part_o = a.add(int64_t(B) * Hq * splits * L.head_dim * 4);
   plan.part_ml = a.add(int64_t(B) * Hq * splits * 2 * 4);
+  if (p.two_level) {
+    plan.super_scores = a.add(int64_t(B) * Hq * plan.max_groups * 4);
+    plan.page_map = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
+    plan.list_blocks = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
+    plan.list_lens = a.add(int64_t(B) * 4);
+  }
   plan.workspace_bytes = size_t(a.total());
   return plan;
 }
@@ -235,6 +270,83 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   score_pages(plan, ws, summaries, batch, q, hs, st);
   aggregate_select(plan, ws, batch, hs, gs, sel, st);
   attend(plan, ws, cache, batch, q, &sel, out, st);
+}
+
+void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                             const SummaryView& summaries, const SuperView& supers,
+                             const SuperTableView& super_table, const BatchView& batch,
+                             const QueryView& q, const AttentionOutput& out,
+                             const Selection* selection_out, int stages, cudaStream_t st) {
+  Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
+                plan.capacity};
+  if (selection_out) sel = *selection_out;
+  // Every check before the first launch, so that a bad call writes nothing.
+  check_call(plan, ws, batch, __func__);
+  LOCKS_REQUIRE(plan.params.two_level, "decode_two_level needs a plan with params.two_level");
+  LOCKS_REQUIRE(stages >= 1 && stages <= 5, "stages must be in [1, 5], got ", stages);
+  check_summaries(plan, summaries, __func__);
+  check_attention(plan, cache, q, out, __func__);
+  LOCKS_REQUIRE(sel.pages && sel.counts && sel.capacity == plan.capacity,
+                "selection_out is null or its capacity ", sel.capacity, " differs from the plan's ",
+                plan.capacity);
+  const DecodeParams& p = plan.params;
+  const SuperLayout& U = supers.layout;
+  LOCKS_REQUIRE(U.group_pages == p.super.group_pages && U.page_size == p.super.page_size &&
+                    U.num_kv_heads == p.super.num_kv_heads && U.head_dim == p.super.head_dim &&
+                    U.rank == p.super.rank && U.extent == p.super.extent &&
+                    U.num_slots == p.super.num_slots,
+                "super layout differs from the planned one");
+  LOCKS_REQUIRE(supers.mu_q && supers.mu_scale && supers.basis_q && supers.basis_scale &&
+                    supers.coord_q && supers.coord_scale && supers.radius_q &&
+                    supers.radius_scale &&
+                    (!U.extent || (supers.lo_q && supers.hi_q && supers.extent_scale)),
+                "super summary arrays are null");
+  LOCKS_REQUIRE(super_table.table != nullptr && super_table.max_groups_per_seq >= plan.max_groups &&
+                    super_table.stride >= super_table.max_groups_per_seq,
+                "super table is null or holds ", super_table.max_groups_per_seq,
+                " groups a sequence (stride ", super_table.stride, "), the plan needs ",
+                plan.max_groups);
+  const int B = batch.batch_size, Hkv = p.cache.num_kv_heads, Hq = p.num_q_heads;
+  const int P = p.cache.page_size, S = p.super.group_pages, Lc = plan.list_cap;
+  const SuperTableView table{super_table.table, super_table.stride, plan.max_groups};
+  float* gh = region_ptr<float>(ws, plan.super_scores);
+  int32_t* map = region_ptr<int32_t>(ws, plan.page_map);
+  int32_t* lblk = region_ptr<int32_t>(ws, plan.list_blocks);
+  int32_t* llen = region_ptr<int32_t>(ws, plan.list_lens);
+  // 1. Level 1.
+  detail::launch_super_score(supers, table, batch, q.q, Hq, p.scale, p.two, gh, st);
+  if (stages < 2) return;
+  // 2. Group choice: the page list and the listed pages' block ids.
+  detail::launch_select_groups_list(gh, plan.max_groups, batch, Hq, Hkv, P, S, p.select, p.two, Lc,
+                                    map, llen, lblk, st);
+  if (stages < 3) return;
+  // 3. Level 2: the page scorer over list positions (per-head block table, list lengths).
+  const BatchView lb{lblk, int64_t(Hkv) * Lc, llen, B, Lc};
+  DecodePlan p2 = plan;  // the level-2 shapes: list_cap positions a sequence
+  p2.params.max_blocks_per_seq = Lc;
+  p2.score_chunk_pages = plan.l2_score_chunk_pages;
+  p2.select_chunks = plan.l2_select_chunks;
+  p2.select_chunk_pages = plan.l2_select_chunk_pages;
+  p2.select_cluster = plan.l2_select_cluster;
+  float* hs = region_ptr<float>(ws, plan.head_scores);
+  float* gs = region_ptr<float>(ws, plan.group_scores);
+  detail::launch_score(summaries, lb, q.q, Hq, p.scale, hs, region_ptr<float>(ws, plan.chunk_lse),
+                       plan.score_chunks, p2.score_chunk_pages, st, Lc);
+  if (stages < 4) return;
+  // 4. Aggregation and selection over positions, then positions -> logical pages.
+  aggregate_select(p2, ws, lb, hs, gs, sel, st);
+  detail::launch_map_positions(map, Lc, sel, int64_t(B) * Hkv, st);
+  if (stages < 5) return;
+  // 5. Sparse attention over the logical pages.
+  attend(plan, ws, cache, batch, q, &sel, out, st);
+}
+
+void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
+                      const SummaryView& summaries, const SuperView& supers,
+                      const SuperTableView& super_table, const BatchView& batch, const QueryView& q,
+                      const AttentionOutput& out, const Selection* selection_out, cudaStream_t st) {
+  decode_two_level_stages(plan, ws, cache, summaries, supers, super_table, batch, q, out,
+                          selection_out, 5, st);
 }
 
 }  // namespace locks::cuda

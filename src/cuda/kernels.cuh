@@ -24,10 +24,12 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // head_scores [B, Hq, M] (natural-log page scores, -inf off the full pages) and the
 // per-chunk log-sum-exp partials chunk_lse [B, Hq, n_chunks, 2] (max, sum of exp), one per
 // chunk of chunk_pages pages (128, or 64 / 32 on the tensor-core path; see
-// score_chunk_pages).
+// score_chunk_pages). bt_head_stride: KV head h reads its block ids at
+// block_table[b * stride + h * bt_head_stride + j] (0: one row a sequence; the two-level
+// step's per-head page lists: list_cap).
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  cudaStream_t st);
+                  cudaStream_t st, int64_t bt_head_stride = 0);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU.
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);

@@ -27,7 +27,7 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
 
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  cudaStream_t st) {
+                  cudaStream_t st, int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;
   LOCKS_REQUIRE(chunk_pages == 128 || chunk_pages == 64 || chunk_pages == 32, "score chunk of ",
                 chunk_pages, " pages");
@@ -36,10 +36,12 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
     const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
     LOCKS_REQUIRE(a16(s.basis_scale) && a16(s.coeff_scale),
                   "tensor-core scoring needs 16-byte aligned basis_scale and coeff_scale");
-    launch_score_mma(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_score_mma(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                     bt_head_stride);
   } else {
     LOCKS_REQUIRE(chunk_pages == kScoreChunk, "the CUDA-core scoring path uses 128-page chunks");
-    launch_score_generic(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, st);
+    launch_score_generic(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, st,
+                         bt_head_stride);
   }
   LOCKS_CUDA_LAUNCHED();
 }

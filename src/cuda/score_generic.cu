@@ -18,8 +18,9 @@ constexpr int kGenericSmemMax = 160 * 1024;
 
 __global__ void __launch_bounds__(kGenWarps * 32)
     score_generic(SumView S, bool quant, int H, int d, int r, int P, const int32_t* block_table,
-                  int64_t bt_stride, const int32_t* seq_lens, int M, const float* __restrict__ q,
-                  int Hq, float scale, float* head_scores, float* chunk_lse, int n_chunks) {
+                  int64_t bt_stride, int64_t bt_head_stride, const int32_t* seq_lens, int M,
+                  const float* __restrict__ q, int Hq, float scale, float* head_scores,
+                  float* chunk_lse, int n_chunks) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
   const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
       for (int g = lane; g < G; g += 32) sc[g * kScoreChunk + jj] = kNegInf;
       continue;
     }
-    const int32_t blk = block_table[int64_t(b) * bt_stride + j];
+    const int32_t blk = block_table[int64_t(b) * bt_stride + h * bt_head_stride + j];
     if (blk < 0 || blk >= S.num_blocks) {  // warp-uniform: an invalid block id scores -inf
       for (int g = lane; g < G; g += 32) sc[g * kScoreChunk + jj] = kNegInf;
       continue;
@@ -115,7 +116,7 @@ void prepare_score_generic() {
 
 void launch_score_generic(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                           float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                          cudaStream_t st) {
+                          cudaStream_t st, int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;
   const int H = L.num_kv_heads, G = Hq / H;
   const int d = L.head_dim, r = L.rank, P = L.page_size;
@@ -130,8 +131,8 @@ void launch_score_generic(const SummaryView& s, const BatchView& batch, const fl
                   unsigned(batch.batch_size));
   score_generic<<<grid, kGenWarps * 32, smem, st>>>(
       sum_view(s), L.precision == Precision::quant, H, d, r, P, batch.block_table,
-      batch.block_table_stride, batch.seq_lens, batch.max_blocks_per_seq, q, Hq, scale, head_scores,
-      chunk_lse, n_chunks);
+      batch.block_table_stride, bt_head_stride, batch.seq_lens, batch.max_blocks_per_seq, q, Hq,
+      scale, head_scores, chunk_lse, n_chunks);
 }
 
 }  // namespace locks::cuda::detail

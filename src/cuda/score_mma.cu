@@ -147,8 +147,9 @@ constexpr int score_min_blocks() {
 template <int D, int NT1, int CP, bool HL, int NG>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
-              const int32_t* __restrict__ seq_lens, int M, const float* __restrict__ q, int Hq,
-              float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
+              int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M,
+              const float* __restrict__ q, int Hq, float scale, float* head_scores,
+              float* chunk_lse, int n_chunks, int n_sl, int gw) {
   constexpr int KS = D / 16;       // k-steps over the head dim
   constexpr int R = 8;             // rank
   constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   const int len = seq_lens[b];
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   const int jw = chunk * CP + warp * ppw;  // first page of the warp
-  const int32_t* bt = block_table + int64_t(b) * bt_stride;
+  const int32_t* bt = block_table + int64_t(b) * bt_stride + h * bt_head_stride;
   Stage<D, NG>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
   const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
@@ -525,7 +526,7 @@ HeadSlices mma_slices(int d, int group) {
 
 template <int D, int NT1, int CP, bool HL, int NG>
 void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st) {
+                float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths) {
   const int H = s.layout.num_kv_heads;
   // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
   // read the summaries of all heads of the same pages (adjacent in memory) rather than one
@@ -533,37 +534,37 @@ void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, in
   const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
   score_mma<D, NT1, CP, HL, NG><<<grid, kMmaWarps * 32, mma_smem<D, NG>(), st>>>(
-      sum_view(s), H, batch.block_table, batch.block_table_stride, batch.seq_lens,
+      sum_view(s), H, batch.block_table, batch.block_table_stride, bths, batch.seq_lens,
       batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
 }
 
 template <int D, int NT1, bool HL, int NG>
 void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                    float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
-                   cudaStream_t st) {
+                   cudaStream_t st, int64_t bths) {
   if (cp == 128)
-    launch_mma<D, NT1, 128, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 128, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
   else if (cp == 64)
-    launch_mma<D, NT1, 64, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 64, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
   else
-    launch_mma<D, NT1, 32, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st);
+    launch_mma<D, NT1, 32, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
 }
 
 // The instance for a slice width: hi/lo with one n-tile of 4 heads (width <= 4, and d 256),
 // else the query rounded once with n-tiles of 8 heads (1 for width <= 8, 2 for <= 16).
 template <int D, int NG>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
-                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st) {
+                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st, int64_t bths) {
   const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
   if constexpr (D == 256) {
-    launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+    launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths);
   } else {
     if (hsl.width <= 4)
-      launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, true, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths);
     else if (hsl.width <= 8)
-      launch_mma_cp<D, 1, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 1, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths);
     else
-      launch_mma_cp<D, 2, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st);
+      launch_mma_cp<D, 2, false, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths);
   }
 }
 
@@ -614,21 +615,26 @@ void prepare_score_mma() {
 
 void launch_score_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                       float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                      int chunk_pages, cudaStream_t st) {
+                      int chunk_pages, cudaStream_t st, int64_t bths) {
   const int d = s.layout.head_dim;
   const bool grouped = s.layout.basis_group != d;  // then 32 (score_uses_tensor_cores)
   LOCKS_REQUIRE(!grouped || (s.layout.basis_group == 32 && d >= 128),
                 "tensor-core scoring: basis_group ", s.layout.basis_group, " at head_dim ", d);
   if (d == 256 && grouped)
-    launch_mma_g<256, 8>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<256, 8>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                         bths);
   else if (d == 256)
-    launch_mma_g<256, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<256, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                         bths);
   else if (d == 128 && grouped)
-    launch_mma_g<128, 4>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<128, 4>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                         bths);
   else if (d == 128)
-    launch_mma_g<128, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<128, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                         bths);
   else
-    launch_mma_g<64, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st);
+    launch_mma_g<64, 1>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
+                        bths);
 }
 
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {

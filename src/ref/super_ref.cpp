@@ -83,6 +83,49 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
       }
 }
 
+namespace {
+
+// The kept complete groups of (b, g) on a two-level step: forced ones, then m passes of
+// "best not yet taken among the others by score, ties to the lower index".
+std::vector<char> ref_kept(const double* group_head_scores, int b, int g, int num_q_heads, int G,
+                           int MG, const ForcedGroups& f, int m) {
+  const int64_t C = f.complete;
+  // Group score: log of the mean over the G heads of each head's share (log domain).
+  std::vector<double> a(C, kNegInf);
+  for (int64_t j = 0; j < C; ++j) {
+    std::vector<double> t;
+    for (int h = 0; h < G; ++h) {
+      const double* s = group_head_scores + (int64_t(b) * num_q_heads + g * G + h) * MG;
+      double mx = kNegInf;
+      for (int64_t i = 0; i < C; ++i) mx = std::max(mx, s[i]);
+      if (mx == kNegInf) continue;
+      double tot = 0;
+      for (int64_t i = 0; i < C; ++i) tot += std::exp(s[i] - mx);
+      t.push_back(s[j] - (mx + std::log(tot)));
+    }
+    double mx = kNegInf;
+    for (double v : t) mx = std::max(mx, v);
+    if (mx == kNegInf) continue;
+    double tot = 0;
+    for (double v : t) tot += std::exp(v - mx);
+    a[j] = mx + std::log(tot / G);
+  }
+  std::vector<char> keep(C, 0), taken(C, 0);
+  for (int64_t j = 0; j < C; ++j)
+    if (j < f.first_end || j >= f.recent_begin) keep[j] = taken[j] = 1;
+  for (int i = 0; i < m; ++i) {
+    int64_t best = -1;
+    for (int64_t j = 0; j < C; ++j)
+      if (!taken[j] && (best < 0 || a[j] > a[best])) best = j;
+    LOCKS_REQUIRE(best >= 0, "fewer other groups than m");
+    taken[best] = 1;
+    keep[best] = 1;
+  }
+  return keep;
+}
+
+}  // namespace
+
 void select_groups(const double* group_head_scores, const SuperTableView& table,
                    const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                    int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
@@ -93,8 +136,7 @@ void select_groups(const double* group_head_scores, const SuperTableView& table,
   for (int b = 0; b < batch.batch_size; ++b)
     for (int g = 0; g < num_kv_heads; ++g) {
       const int32_t len = batch.seq_lens[b];
-      const int64_t n_pages = (int64_t(len) + P - 1) / P, full = len / P;
-      const int64_t C = complete_groups(len, P, S);
+      const int64_t n_pages = (int64_t(len) + P - 1) / P;
       uint8_t* mask = page_mask + (int64_t(b) * num_kv_heads + g) * M;
       for (int j = 0; j < M; ++j) mask[j] = 0;
       const int m = groups_kept(cfg, sel, P, S, len);
@@ -102,46 +144,43 @@ void select_groups(const double* group_head_scores, const SuperTableView& table,
         for (int64_t j = 0; j < n_pages; ++j) mask[j] = 1;
         continue;
       }
-      // Group score: log of the mean over the G heads of each head's share (log domain).
-      std::vector<double> a(C, kNegInf);
-      for (int64_t j = 0; j < C; ++j) {
-        std::vector<double> t;
-        for (int h = 0; h < G; ++h) {
-          const double* s = group_head_scores + (int64_t(b) * num_q_heads + g * G + h) * MG;
-          double mx = kNegInf;
-          for (int64_t i = 0; i < C; ++i) mx = std::max(mx, s[i]);
-          if (mx == kNegInf) continue;
-          double tot = 0;
-          for (int64_t i = 0; i < C; ++i) tot += std::exp(s[i] - mx);
-          t.push_back(s[j] - (mx + std::log(tot)));
-        }
-        double mx = kNegInf;
-        for (double v : t) mx = std::max(mx, v);
-        if (mx == kNegInf) continue;
-        double tot = 0;
-        for (double v : t) tot += std::exp(v - mx);
-        a[j] = mx + std::log(tot / G);
-      }
-      std::vector<char> keep(C, 0);
-      for (int64_t j = 0; j < std::min<int64_t>(cfg.first_groups, C); ++j) keep[j] = 1;
-      for (int64_t p = 0; p < std::min<int64_t>(sel.sink_pages, full); ++p)
-        if (p < C * S) keep[p / S] = 1;
-      for (int64_t p = std::max<int64_t>(0, full - sel.recent_pages); p < full; ++p)
-        if (p < C * S) keep[p / S] = 1;
-      // m passes of "best not yet taken by score, ties to the lower index".
-      std::vector<char> taken(C, 0);
-      for (int i = 0; i < m; ++i) {
-        int64_t best = -1;
-        for (int64_t j = 0; j < C; ++j)
-          if (!taken[j] && (best < 0 || a[j] > a[best])) best = j;
-        taken[best] = 1;
-        keep[best] = 1;
-      }
-      for (int64_t j = 0; j < C; ++j)
+      const ForcedGroups f = forced_groups(cfg, sel, P, S, len);
+      const std::vector<char> keep = ref_kept(group_head_scores, b, g, num_q_heads, G, MG, f, m);
+      for (int64_t j = 0; j < f.complete; ++j)
         if (keep[j])
           for (int64_t p = j * S; p < (j + 1) * S; ++p) mask[p] = 1;
-      for (int64_t p = C * S; p < n_pages; ++p) mask[p] = 1;
+      for (int64_t p = int64_t(f.complete) * S; p < n_pages; ++p) mask[p] = 1;
     }
+}
+
+void select_groups_list(const double* group_head_scores, const SuperTableView& table,
+                        const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
+                        int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
+                        int list_cap, int32_t* page_map, int32_t* list_lens) {
+  LOCKS_REQUIRE(group_head_scores != nullptr && page_map != nullptr && list_lens != nullptr,
+                "null argument");
+  // The list is the mask's pages in ascending order (the definition, restated).
+  const int M = batch.max_blocks_per_seq, P = page_size;
+  std::vector<uint8_t> mask(size_t(batch.batch_size) * num_kv_heads * M);
+  select_groups(group_head_scores, table, batch, num_q_heads, num_kv_heads, page_size, group_pages,
+                sel, cfg, mask.data());
+  for (int b = 0; b < batch.batch_size; ++b) {
+    const int64_t len = batch.seq_lens[b], n_pages = (len + P - 1) / P;
+    int64_t listed = 0;
+    for (int g = 0; g < num_kv_heads; ++g) {
+      int32_t* map = page_map + (int64_t(b) * num_kv_heads + g) * list_cap;
+      int64_t n = 0;
+      for (int j = 0; j < M; ++j)
+        if (mask[(size_t(b) * num_kv_heads + g) * M + j]) {
+          LOCKS_REQUIRE(n < list_cap, "list longer than list_cap");
+          map[n++] = j;
+        }
+      for (int64_t i = n; i < list_cap; ++i) map[i] = -1;
+      LOCKS_REQUIRE(g == 0 || n == listed, "KV heads list different page counts");
+      listed = n;
+    }
+    list_lens[b] = int32_t(len - (n_pages - listed) * P);
+  }
 }
 
 }  // namespace locks::ref

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "locks/contract.h"
 #include "locks/error.h"
 #include "locks/reference.h"
 #include "locks/super_summary.h"
@@ -135,8 +136,46 @@ TEST(SuperRule, GroupsKeptAndFallbacks) {
   EXPECT_EQ(groups_kept(c, sel, P, S, 7 * 256 + 100), -1);
   // m would cover every group -> flat.
   EXPECT_EQ(groups_kept(c, sel, P, S, 16 * 256), -1);
+  // m + forced >= C -> flat: 17 groups, m 16, first group forced.
+  EXPECT_EQ(groups_kept(c, sel, P, S, 17 * 256), -1);
+  c.first_groups = 0;
+  EXPECT_EQ(groups_kept(c, sel, P, S, 17 * 256), 16);
+  c.first_groups = 1;
   // Budget >= length -> every page (the caller's selects_all case).
   EXPECT_EQ(groups_kept(c, sel, P, S, 2048), -1);
+}
+
+TEST(SuperRule, ForcedGroupsAreTheUnionOfFirstSinkAndRecent) {
+  TwoLevelConfig c;
+  c.first_groups = 1;
+  const int P = 16, S = 4;
+  const int64_t len = 16 * 4 * 10 + 16 * 2 + 5;  // 42 full pages: 10 groups, open 2 + tail
+  ForcedGroups f = forced_groups(c, {512, 0, 0}, P, S, len);
+  EXPECT_EQ(f.complete, 10);
+  EXPECT_EQ(f.first_end, 1);
+  EXPECT_EQ(f.recent_begin, 10);
+  EXPECT_EQ(f.count, 1);
+  f = forced_groups(c, {512, 6, 0}, P, S, len);  // sink pages 0-5: groups 0, 1
+  EXPECT_EQ(f.first_end, 2);
+  EXPECT_EQ(f.count, 2);
+  f = forced_groups(c, {512, 0, 2}, P, S, len);  // recent pages 40, 41: the open group
+  EXPECT_EQ(f.recent_begin, 10);
+  EXPECT_EQ(f.count, 1);
+  f = forced_groups(c, {512, 0, 7}, P, S, len);  // recent 35-41: groups 8, 9
+  EXPECT_EQ(f.recent_begin, 8);
+  EXPECT_EQ(f.count, 3);
+  c.first_groups = 9;  // overlapping ranges count once
+  f = forced_groups(c, {512, 0, 7}, P, S, len);
+  EXPECT_EQ(f.count, 10);
+  for (int sink : {0, 1, 5, 9})
+    for (int recent : {0, 1, 4, 5, 9})
+      for (int first : {0, 1, 3}) {
+        c.first_groups = first;
+        int most = 0;
+        for (int64_t l = 1; l < 16 * 4 * 12; l += 7)
+          most = std::max(most, forced_groups(c, {512, sink, recent}, P, S, l).count);
+        EXPECT_LE(most, forced_groups_max(c, {512, sink, recent}, S));
+      }
 }
 
 TEST(SuperBuild, StoredInvariants) {
@@ -293,8 +332,8 @@ TEST(SelectGroups, MatchesReferenceAndKeepsGuards) {
               for (int j = 0; j < C; ++j) kept += m[j * 4];
               const int mk = groups_kept(c, sel, 16, 4, len);
               ASSERT_GT(mk, 0);
-              EXPECT_GE(kept, mk);
-              EXPECT_LE(kept, mk + first + (sink > 0) + (recent > 0 ? 1 : 0));
+              // The forced groups plus exactly m others: the same count on every KV head.
+              EXPECT_EQ(kept, mk + forced_groups(c, sel, 16, 4, len).count);
             }
         }
 }
@@ -373,6 +412,229 @@ TEST(TwoLevel, FindsPlantedPagesAndFallsBackToFlat) {
   cpu::select_pages(agg.data(), t.bv(), Hkv, 16, sel, flat.sel);
   EXPECT_EQ(fb.pages, flat.pages);
   EXPECT_EQ(fb.counts, flat.counts);
+}
+
+// The list form of the group choice: the mask's pages in ascending order, one count per
+// sequence, the tail kept partial in list_lens; cpu against the float64 reference.
+TEST(SelectGroupsList, IsTheMaskAsAnAscendingList) {
+  CacheSpec sp = long_spec(false, 21);
+  sp.seq_lens = {16 * 4 * 12 + 37, 16 * 4 * 9, 16 * 5 + 3, 16 * 4 * 10 + 16};
+  TestCache t = make_cache(sp);
+  const int B = t.bv().batch_size, Hq = 8, Hkv = 2, MG = (t.max_blocks() + 3) / 4;
+  const int M = t.max_blocks();
+  Rng rng(22);
+  std::vector<float> gs(size_t(B) * Hq * MG);
+  for (auto& x : gs) x = 3.0f * rng.normal();
+  for (int i = 0; i < 40; ++i) gs[size_t(rng.integer(0, int(gs.size()) - 1))] = 1.0f;  // ties
+  std::vector<double> gs64(gs.begin(), gs.end());
+  std::vector<int32_t> table(size_t(B) * MG, 0);
+  const SuperTableView tv{table.data(), MG, MG};
+  TwoLevelConfig c;
+  c.min_groups = 2;
+  c.alpha = 1.0;
+  c.flat_below_groups = 3;
+  for (int first : {0, 1, 2})
+    for (int sink : {0, 1, 5})
+      for (int recent : {0, 2, 6})
+        for (int budget : {64, 128, 200, 4000}) {
+          c.first_groups = first;
+          const SelectConfig sel{budget, sink, recent};
+          if (budget / 16 < sink + recent + 1) continue;
+          const int L = two_level_list_capacity(c, sel, 16, 4, M);
+          std::vector<uint8_t> mask(size_t(B) * Hkv * M);
+          cpu::select_groups(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, mask.data());
+          std::vector<int32_t> map(size_t(B) * Hkv * L, 7), lens(B, 7), rmap(map.size(), 9),
+              rlens(B, 9);
+          cpu::select_groups_list(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, L, map.data(),
+                                  lens.data());
+          ref::select_groups_list(gs64.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, L, rmap.data(),
+                                  rlens.data());
+          EXPECT_EQ(map, rmap) << first << " " << sink << " " << recent << " " << budget;
+          EXPECT_EQ(lens, rlens);
+          for (int b = 0; b < B; ++b) {
+            const int len = t.bv().seq_lens[b], n_pages = (len + 15) / 16;
+            int listed = -1;
+            for (int g = 0; g < Hkv; ++g) {
+              std::vector<int32_t> want;
+              for (int j = 0; j < M; ++j)
+                if (mask[(size_t(b) * Hkv + g) * M + j]) want.push_back(j);
+              want.resize(size_t(L), -1);
+              const int32_t* row = map.data() + (size_t(b) * Hkv + g) * L;
+              EXPECT_EQ(std::vector<int32_t>(row, row + L), want);
+              const int n = int(std::count_if(row, row + L, [](int32_t x) { return x >= 0; }));
+              if (listed >= 0) EXPECT_EQ(n, listed) << "KV heads list the same count";
+              listed = n;
+            }
+            EXPECT_EQ(lens[b], len - (n_pages - listed) * 16);
+          }
+        }
+  // A list_cap too small for a sequence: refused before anything is written.
+  const SelectConfig sel{64, 0, 0};
+  std::vector<int32_t> map(size_t(B) * Hkv * 8, 5), lens(B, 5);
+  EXPECT_THROW(cpu::select_groups_list(gs.data(), tv, t.bv(), Hq, Hkv, 16, 4, sel, c, 8, map.data(),
+                                       lens.data()),
+               InvalidArgument);
+  EXPECT_EQ(lens, std::vector<int32_t>(B, 5));
+}
+
+// decode_two_level (list positions) selects what the mask path selects, and attends over it.
+struct TwoLevelCase {
+  TestCache t;
+  Supers s;
+  SummaryStore ps;
+  explicit TwoLevelCase(const CacheSpec& sp)
+      : t(make_cache(sp)),
+        s(build_supers(t, 4, 4, true)),
+        ps(build_summaries(t, 8, Precision::quant)) {}
+};
+
+DecodeParams two_level_params(const TwoLevelCase& k, const TwoLevelConfig& c,
+                              const SelectConfig& sel) {
+  DecodeParams p;
+  p.cache = k.t.layout();
+  p.summary = k.ps.layout();
+  p.num_q_heads = k.t.spec.num_q_heads;
+  p.max_batch = k.t.bv().batch_size;
+  p.max_blocks_per_seq = k.t.max_blocks();
+  p.select = sel;
+  p.two_level = true;
+  p.two = c;
+  p.super = k.s.store->layout();
+  return p;
+}
+
+void expect_decode_two_level_equals_mask_path(TwoLevelCase& k, const TwoLevelConfig& c,
+                                              const SelectConfig& sel, const char* what) {
+  const TestCache& t = k.t;
+  const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, Hkv = t.spec.num_kv_heads;
+  const int M = t.max_blocks(), d = t.spec.head_dim;
+  const DecodePlan plan = cpu::plan_decode(two_level_params(k, c, sel));
+  // The mask path, op by op.
+  std::vector<float> gh(size_t(B) * Hq * k.s.max_groups), hs(size_t(B) * Hq * M),
+      agg(size_t(B) * Hkv * M);
+  std::vector<uint8_t> mask(size_t(B) * Hkv * M);
+  cpu::super_score(k.s.store->view(), k.s.view(), t.bv(), t.qv(), t.scale(), c, gh.data());
+  cpu::select_groups(gh.data(), k.s.view(), t.bv(), Hq, Hkv, 16, k.s.store->layout().group_pages,
+                     sel, c, mask.data());
+  cpu::score_pages_masked(k.ps.view(), t.bv(), t.qv(), t.scale(), mask.data(), hs.data());
+  cpu::aggregate_gqa(hs.data(), t.bv(), Hq, Hkv, agg.data());
+  SelectionBuf want(B, Hkv, plan.capacity), got(B, Hkv, plan.capacity);
+  cpu::select_pages(agg.data(), t.bv(), Hkv, 16, sel, want.sel);
+  std::vector<std::byte> ws(plan.workspace_bytes + 256);
+  void* base =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) & ~uintptr_t(255));
+  std::vector<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq), out2(out.size()),
+      lse2(lse.size());
+  cpu::decode_two_level(plan, {base, plan.workspace_bytes}, t.view(), k.ps.view(),
+                        k.s.store->view(), k.s.view(), t.bv(), t.qv(), {out.data(), lse.data()},
+                        &got.sel);
+  EXPECT_EQ(got.counts, want.counts) << what;
+  EXPECT_EQ(got.pages, want.pages) << what;
+  // The attention is the sparse attention over that selection, bit for bit.
+  cpu::decode_attention_sparse(t.view(), t.bv(), t.qv(), t.scale(), want.sel,
+                               {out2.data(), lse2.data()});
+  EXPECT_EQ(out, out2) << what;
+  EXPECT_EQ(lse, lse2) << what;
+}
+
+TEST(DecodeTwoLevel, SelectionEqualsTheMaskPath) {
+  for (bool structured : {false, true}) {
+    CacheSpec sp = long_spec(structured, 30);
+    // Ragged: two-level sequences, a short one (flat fallback), one ending on a page edge.
+    sp.seq_lens = {16 * 4 * 12 + 37, 16 * 4 * 9, 16 * 3 + 5, 16 * 4 * 10 + 16};
+    TwoLevelCase k(sp);
+    TwoLevelConfig c;
+    c.min_groups = 2;
+    c.alpha = 1.0;
+    c.flat_below_groups = 3;
+    for (int first : {0, 1})
+      for (int sink : {0, 1, 5})
+        for (int recent : {0, 2, 6})
+          for (int budget : {96, 160, 4000}) {
+            c.first_groups = first;
+            const SelectConfig sel{budget, sink, recent};
+            const int k_slots = budget / 16;
+            if (k_slots < sink + recent + 1) continue;
+            if (first == 0 && sink == 0 && std::max(2, (k_slots + 3) / 4) * 4 <= k_slots)
+              continue;  // refused by the plan (tested below)
+            const std::string what = std::to_string(structured) + " f" + std::to_string(first) +
+                                     " s" + std::to_string(sink) + " r" + std::to_string(recent) +
+                                     " b" + std::to_string(budget);
+            expect_decode_two_level_equals_mask_path(k, c, sel, what.c_str());
+          }
+    // Every mode of level 1.
+    c.first_groups = 1;
+    for (int mode = 0; mode < 3; ++mode) {
+      c.use_extent = mode != 0;
+      c.mix = mode == 2;
+      c.agg = mode == 1 ? GroupAgg::max : GroupAgg::lse;
+      expect_decode_two_level_equals_mask_path(k, c, {128, 1, 2}, "modes");
+    }
+  }
+}
+
+TEST(DecodeTwoLevel, PlanChecksAndIntsRoundTrip) {
+  CacheSpec sp = long_spec(false, 31);
+  TwoLevelCase k(sp);
+  TwoLevelConfig c;
+  c.min_groups = 2;
+  c.alpha = 1.0;
+  const SelectConfig sel{128, 1, 2};
+  DecodeParams p = two_level_params(k, c, sel);
+  const DecodePlan plan = cpu::plan_decode(p);
+  EXPECT_EQ(plan.list_cap,
+            std::min(k.t.max_blocks(), (std::max(2 + forced_groups_max(c, sel, 4), 8) + 1) * 4));
+  EXPECT_EQ(plan.max_groups, (k.t.max_blocks() + 3) / 4);
+  const std::vector<int64_t> v = plan.to_ints();
+  ASSERT_EQ(v.size(), DecodePlan::kNumInts);
+  const DecodePlan back = DecodePlan::from_ints(v);
+  EXPECT_EQ(back.to_ints(), v);
+  EXPECT_TRUE(back.params.two_level);
+  EXPECT_EQ(back.params.two.alpha, 1.0);
+  EXPECT_EQ(back.page_map.offset, plan.page_map.offset);
+  // A vector whose list_cap was changed is refused.
+  bool changed = false;
+  std::vector<int64_t> bad = v;
+  for (size_t i = 4; i < bad.size() && !changed; ++i)
+    if (bad[i] == plan.list_cap && bad[i + 1] == plan.max_groups) bad[i] += 1, changed = true;
+  ASSERT_TRUE(changed);
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+  // The adaptive budget is refused with two levels, and says why.
+  DecodeParams q = p;
+  q.select.tau = 0.5f;
+  try {
+    cpu::plan_decode(q);
+    ADD_FAILURE() << "tau > 0 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tau"), std::string::npos) << e.what();
+  }
+  q = p;
+  q.super.head_dim = 64;
+  EXPECT_THROW(cpu::plan_decode(q), InvalidArgument);
+  q = p;
+  q.two.first_groups = 0;
+  q.select.sink_pages = 0;
+  q.select.budget_tokens = 16 * 8;  // k 8, m = max(2, 2) = 2 groups = 8 pages: not > k
+  EXPECT_THROW(cpu::plan_decode(q), InvalidArgument);
+  // Run-time checks: a short super table, a plan without two levels.
+  std::vector<std::byte> ws(plan.workspace_bytes + 256);
+  void* base =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) & ~uintptr_t(255));
+  const Workspace w{base, plan.workspace_bytes};
+  std::vector<float> out(size_t(2) * 8 * 32);
+  SuperTableView short_table = k.s.view();
+  short_table.max_groups_per_seq = plan.max_groups - 1;
+  EXPECT_THROW(
+      cpu::decode_two_level(plan, w, k.t.view(), k.ps.view(), k.s.store->view(), short_table,
+                            k.t.bv(), k.t.qv(), {out.data(), nullptr}, nullptr),
+      InvalidArgument);
+  q = p;
+  q.two_level = false;
+  const DecodePlan flat = cpu::plan_decode(q);
+  EXPECT_THROW(
+      cpu::decode_two_level(flat, w, k.t.view(), k.ps.view(), k.s.store->view(), k.s.view(),
+                            k.t.bv(), k.t.qv(), {out.data(), nullptr}, nullptr),
+      InvalidArgument);
 }
 
 }  // namespace

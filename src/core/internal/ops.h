@@ -26,10 +26,12 @@ size_t attention_shared_bytes(int batch, int num_kv_heads, int num_q_heads, int 
                               int head_dim);
 
 // page_mask [batch, num_kv_heads, max_blocks] (optional): pages with 0 score -inf unread
-// (the level-2 step of the two-level selection, super_summary.h).
+// (the level-2 step of the two-level selection, super_summary.h). bt_head_stride: KV head
+// g reads its block ids at block_table[b * stride + g * bt_head_stride + j] (0: one row a
+// sequence; the two-level step's per-head page lists use list_cap).
 void score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                  float scale, float* head_scores, const detail::ThreadScratch& sc,
-                 const uint8_t* page_mask = nullptr);
+                 const uint8_t* page_mask = nullptr, int64_t bt_head_stride = 0);
 void aggregate_gqa(const float* head_scores, const BatchView& batch, int num_q_heads,
                    int num_kv_heads, float* group_scores, const detail::ThreadScratch& sc);
 void select_pages(const float* group_scores, const BatchView& batch, int num_kv_heads,

@@ -86,17 +86,60 @@ void validate_two_level(const TwoLevelConfig& cfg) {
                 cfg.gamma);
 }
 
+ForcedGroups forced_groups(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
+                           int group_pages, int64_t len_tokens) {
+  const int64_t full = rules::full_pages(len_tokens, page_size);
+  const int64_t C = full / group_pages, listed = C * group_pages;
+  ForcedGroups f;
+  f.complete = int(C);
+  // Sink pages [0, min(sink, full)) and first groups: a prefix of the complete groups.
+  const int64_t sink_end = std::min<int64_t>({int64_t(std::max(sel.sink_pages, 0)), full, listed});
+  f.first_end = int(std::min<int64_t>(
+      C, std::max<int64_t>(cfg.first_groups, (sink_end + group_pages - 1) / group_pages)));
+  // Recent pages [full - recent, full): a suffix of the complete groups, when any lies in one.
+  const int64_t recent_start = std::max<int64_t>(0, full - std::max(sel.recent_pages, 0));
+  f.recent_begin =
+      sel.recent_pages > 0 && recent_start < listed ? int(recent_start / group_pages) : int(C);
+  f.count = f.first_end + (f.complete - f.recent_begin) - std::max(0, f.first_end - f.recent_begin);
+  return f;
+}
+
+int forced_groups_max(const TwoLevelConfig& cfg, const SelectConfig& sel, int group_pages) {
+  const int S = group_pages;
+  const int first = std::max(cfg.first_groups, (std::max(sel.sink_pages, 0) + S - 1) / S);
+  // r consecutive pages touch at most floor((S - 1 + r - 1) / S) + 1 groups.
+  const int recent = sel.recent_pages > 0 ? (S + sel.recent_pages - 2) / S + 1 : 0;
+  return first + recent;
+}
+
 int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size, int group_pages,
                 int64_t len_tokens) {
   validate_two_level(cfg);
   LOCKS_REQUIRE(page_size >= 1 && group_pages >= 1, "page_size and group_pages must be >= 1");
   if (rules::selects_all(sel.budget_tokens, len_tokens)) return -1;
   const int complete = rules::full_pages(len_tokens, page_size) / group_pages;
+  if (complete < cfg.flat_below_groups) return -1;
   const int64_t k = rules::budget_pages(sel.budget_tokens, page_size);
   const double want = std::ceil(cfg.alpha * double(k) / group_pages);
-  const int m = want >= complete ? complete : std::max(cfg.min_groups, int(want));
-  if (complete < cfg.flat_below_groups || m >= complete) return -1;
+  if (want >= complete) return -1;
+  const int m = std::max(cfg.min_groups, int(want));
+  const int forced = forced_groups(cfg, sel, page_size, group_pages, len_tokens).count;
+  if (int64_t(m) + forced >= complete) return -1;
   return m;
+}
+
+int two_level_list_capacity(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_size,
+                            int group_pages, int max_blocks_per_seq) {
+  validate_two_level(cfg);
+  LOCKS_REQUIRE(page_size >= 1 && group_pages >= 1 && max_blocks_per_seq >= 1,
+                "page_size, group_pages and max_blocks_per_seq must be >= 1");
+  const int64_t k = rules::budget_pages(sel.budget_tokens, page_size);
+  // Capped before the multiplication: a list never exceeds max_blocks_per_seq.
+  const double want = std::min(std::ceil(cfg.alpha * double(k) / group_pages), 1e9);
+  const int64_t m = std::max<int64_t>(cfg.min_groups, int64_t(want));
+  const int64_t groups =
+      std::max<int64_t>(m + forced_groups_max(cfg, sel, group_pages), cfg.flat_below_groups) + 1;
+  return int(std::min<int64_t>(max_blocks_per_seq, groups * group_pages));
 }
 
 StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pages,
@@ -123,9 +166,7 @@ StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pa
     r.level2 = full * page_b;
     return r;
   }
-  const int64_t forced =
-      cfg.first_groups + (sel.sink_pages > 0 ? 1 : 0) + (sel.recent_pages > 0 ? 1 : 0);
-  const int64_t kept = std::min<int64_t>(complete, m + forced);
+  const int64_t kept = m + forced_groups(cfg, sel, P, S, len).count;
   r.level1 = double(complete) * double(super_bytes_per_group(super));
   r.level2 = double(kept * S + (full - complete * S)) * page_b;
   return r;

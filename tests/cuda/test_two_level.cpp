@@ -1,0 +1,435 @@
+// The two-level step on the GPU (super_summary.h, decode_two_level in contract.h), stage by
+// stage on the GPU's own intermediate values: level 1 vs cpu::super_score (within a bound
+// from the fp32 arithmetic), the page list vs cpu::select_groups_list on the GPU's level-1
+// scores (identical), level-2 scores vs the float64 page scores of the listed pages, the
+// selection vs cpu::aggregate_gqa + select_pages over list positions on the GPU's level-2
+// scores (identical), attention vs the float64 reference on that selection; then CUDA-graph
+// capture and replay with a new query.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "cuda_arith.h"
+#include "gpu_helpers.h"
+#include "locks/contract.h"
+#include "locks/error.h"
+#include "locks/reference.h"
+#include "locks/super_summary.h"
+#include "test_compare.h"
+
+namespace locks::cuda_test {
+namespace {
+
+struct GpuSupers {
+  SuperStore host;
+  DevBuf<int8_t> mu_q, coord_q, lo_q, hi_q;
+  DevBuf<uint8_t> basis_q, radius_q;
+  DevBuf<float> mu_scale, basis_scale, coord_scale, radius_scale, extent_scale;
+  explicit GpuSupers(const SuperLayout& l) : host(l) {}
+  void upload() {
+    const SuperView h = host.view();
+    const SuperLayout& l = h.layout;
+    const size_t gh = size_t(l.num_slots) * l.num_kv_heads, d = l.head_dim, R = l.rank,
+                 S = l.group_pages;
+    auto up8 = [](DevBuf<int8_t>& b, const int8_t* p, size_t n) {
+      b = DevBuf<int8_t>(n);
+      b.upload(p, n);
+    };
+    auto upu = [](DevBuf<uint8_t>& b, const uint8_t* p, size_t n) {
+      b = DevBuf<uint8_t>(n);
+      b.upload(p, n);
+    };
+    auto upf = [](DevBuf<float>& b, const float* p, size_t n) {
+      b = DevBuf<float>(n);
+      b.upload(p, n);
+    };
+    up8(mu_q, h.mu_q, gh * d);
+    upf(mu_scale, h.mu_scale, gh);
+    upu(basis_q, h.basis_q, gh * R * d / 2);
+    upf(basis_scale, h.basis_scale, gh * R);
+    up8(coord_q, h.coord_q, gh * S * R);
+    upf(coord_scale, h.coord_scale, gh * R);
+    upu(radius_q, h.radius_q, gh * S);
+    upf(radius_scale, h.radius_scale, gh);
+    if (l.extent) {
+      up8(lo_q, h.lo_q, gh * S * R);
+      up8(hi_q, h.hi_q, gh * S * R);
+      upf(extent_scale, h.extent_scale, gh * R);
+    }
+  }
+  SuperView dview() {
+    SuperView v;
+    v.layout = host.layout();
+    v.mu_q = mu_q.p, v.mu_scale = mu_scale.p, v.basis_q = basis_q.p, v.basis_scale = basis_scale.p;
+    v.coord_q = coord_q.p, v.coord_scale = coord_scale.p, v.radius_q = radius_q.p;
+    v.radius_scale = radius_scale.p, v.lo_q = lo_q.p, v.hi_q = hi_q.p;
+    v.extent_scale = extent_scale.p;
+    return v;
+  }
+};
+
+struct Case {
+  int Hkv, G;
+  TwoLevelConfig two;
+  SelectConfig sel;
+};
+
+struct Fixture {
+  static constexpr int P = 16, S = 8, d = 128, R = 8;
+  Case c;
+  int Hq, B, M, MG;
+  CacheLayout L;
+  GpuCache gc;
+  SummaryLayout sl;
+  SummaryStore store;
+  GpuSummaries gs;
+  std::unique_ptr<GpuSupers> sup;
+  std::vector<int32_t> table;
+  DevBuf<int32_t> dtable;
+  SuperTableView htv, dtv;
+
+  static CacheLayout layout(const Case& c, const std::vector<int64_t>& lens) {
+    int64_t blocks = 0;
+    for (int64_t l : lens) blocks += (l + P - 1) / P;
+    return {blocks + 4, P, c.Hkv, d, DType::bf16};
+  }
+  Fixture(const Case& cc, const std::vector<int64_t>& lens)
+      : c(cc),
+        Hq(cc.Hkv * cc.G),
+        B(int(lens.size())),
+        L(layout(cc, lens)),
+        gc(L),
+        sl(summary_layout_for(L, 8, Precision::quant)),
+        store(sl),
+        gs(sl) {
+    gc.add_structured(lens, 77);
+    M = gc.batch.view.max_blocks_per_seq;
+    MG = (M + S - 1) / S;
+    const std::vector<int32_t> ids = gc.full_blocks();
+    cpu::summary_build(gc.host.view(), ids.data(), int64_t(ids.size()), store.view());
+    gs.upload_from(store);
+    // Super summaries of every complete group, slots in order.
+    table.assign(size_t(B) * MG, -1);
+    std::vector<int32_t> blocks, slots;
+    const BatchView& hb = gc.batch.view;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < hb.seq_lens[b] / P / S; ++j) {
+        table[size_t(b) * MG + j] = int32_t(slots.size());
+        slots.push_back(int32_t(slots.size()));
+        for (int p = 0; p < S; ++p)
+          blocks.push_back(hb.block_table[int64_t(b) * hb.block_table_stride + j * S + p]);
+      }
+    SuperLayout ul;
+    ul.num_slots = std::max<int64_t>(1, int64_t(slots.size()));
+    ul.group_pages = S;
+    ul.page_size = P;
+    ul.num_kv_heads = c.Hkv;
+    ul.head_dim = d;
+    ul.rank = R;
+    ul.extent = true;
+    sup = std::make_unique<GpuSupers>(ul);
+    cpu::super_build(gc.host.view(), blocks.data(), slots.data(), int64_t(slots.size()),
+                     sup->host.view());
+    sup->upload();
+    dtable = DevBuf<int32_t>(table);
+    htv = {table.data(), MG, MG};
+    dtv = {dtable.p, MG, MG};
+  }
+  DecodeParams params() const {
+    DecodeParams p;
+    p.cache = L;
+    p.summary = sl;
+    p.num_q_heads = Hq;
+    p.max_batch = B;
+    p.max_blocks_per_seq = M;
+    p.select = c.sel;
+    p.two_level = true;
+    p.two = c.two;
+    p.super = sup->host.layout();
+    return p;
+  }
+};
+
+template <typename T>
+std::vector<T> region(const Workspace& ws, const WorkspaceRegion& r, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), static_cast<char*>(ws.data) + r.offset, n * sizeof(T),
+                cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Bound on |gpu - cpu| of a group score: both evaluate the same fp32 expressions in another
+// order (dots of length d and R, R-term extent sums, an S-term log-sum-exp), so each page
+// estimate differs by at most ~(d + 2R) u times the sum of the magnitudes of its terms,
+// scaled; the LSE adds a few u. 4x margin.
+double group_tol(const SuperView& s, int32_t slot, int head, const float* q, float scale,
+                 int page_size) {
+  const SuperGroupF g = super_dequantize(s, slot, head);
+  const int d = s.layout.head_dim, R = s.layout.rank, S = s.layout.group_pages;
+  double qm = 0, worst = 0;
+  std::vector<double> w(R), wa(R);
+  for (int c = 0; c < d; ++c) qm += std::fabs(double(q[c]) * g.mu[c]);
+  for (int k = 0; k < R; ++k)
+    for (int c = 0; c < d; ++c) {
+      w[k] += double(q[c]) * g.basis[size_t(k) * d + c];
+      wa[k] += std::fabs(double(q[c]) * g.basis[size_t(k) * d + c]);
+    }
+  for (int p = 0; p < S; ++p) {
+    double mag = qm;
+    for (int k = 0; k < R; ++k) {
+      const double e =
+          std::max({std::fabs(g.hi[size_t(p) * R + k]), std::fabs(g.lo[size_t(p) * R + k]),
+                    std::fabs(g.coord[size_t(p) * R + k])});
+      mag += (std::fabs(w[k]) + wa[k]) * e;
+    }
+    worst = std::max(worst, mag);
+  }
+  const double u = std::ldexp(1.0, -24);
+  return 4.0 *
+         ((d + 2 * R + 8) * u * scale * worst + 16 * u * (std::log(double(page_size * S)) + 1));
+}
+
+void run_case(const Case& c, const std::vector<int64_t>& lens) {
+  Fixture f(c, lens);
+  const int B = f.B, Hq = f.Hq, Hkv = c.Hkv, d = Fixture::d, P = Fixture::P, S = Fixture::S;
+  const DecodePlan plan = cuda::plan_decode(f.params());
+  const int Lc = plan.list_cap, cap = plan.capacity;
+  DevBuf<uint8_t> wsb(plan.workspace_bytes);
+  const Workspace ws{wsb.p, plan.workspace_bytes};
+  const std::vector<float> q = random_queries(B, Hq, d, 1.5f, 5);
+  DevBuf<float> dq(q);
+  const QueryView hq{q.data(), Hq}, dqv{dq.p, Hq};
+  const BatchView hb = f.gc.batch.view, db = f.gc.dbatch();
+  DevBuf<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
+  DevBuf<int32_t> pages(size_t(B) * Hkv * cap), counts(size_t(B) * Hkv);
+  const Selection dsel{pages.p, counts.p, cap};
+  out.poison(), lse.poison(), pages.poison();
+  cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), f.sup->dview(), f.dtv, db, dqv,
+                         {out.p, lse.p}, &dsel, nullptr);
+  CK(cudaDeviceSynchronize());
+  const float scale = plan.params.scale;
+
+  // 1. Level 1 vs cpu::super_score.
+  const auto gh = region<float>(ws, plan.super_scores, size_t(B) * Hq * f.MG);
+  std::vector<float> ch(gh.size());
+  const SuperView hs = f.sup->host.view();
+  cpu::super_score(hs, f.htv, hb, hq, scale, c.two, ch.data());
+  double worst1 = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int j = 0; j < f.MG; ++j) {
+        const size_t i = (size_t(b) * Hq + h) * f.MG + j;
+        if (std::isinf(ch[i])) {
+          ASSERT_TRUE(std::isinf(gh[i]) && gh[i] < 0) << "group " << i;
+          continue;
+        }
+        const double tol = group_tol(hs, f.table[size_t(b) * f.MG + j], h / c.G,
+                                     q.data() + (size_t(b) * Hq + h) * d, scale, P);
+        ASSERT_NEAR(gh[i], ch[i], tol) << "b " << b << " h " << h << " group " << j;
+        worst1 = std::max(worst1, std::fabs(double(gh[i]) - ch[i]) / tol);
+      }
+  ::testing::Test::RecordProperty("level1_worst_error_over_bound", std::to_string(worst1));
+
+  // 2. The page list vs cpu::select_groups_list on the GPU's level-1 scores: identical.
+  const auto map = region<int32_t>(ws, plan.page_map, size_t(B) * Hkv * Lc);
+  const auto llen = region<int32_t>(ws, plan.list_lens, size_t(B));
+  std::vector<int32_t> cmap(map.size()), clen(llen.size());
+  cpu::select_groups_list(gh.data(), f.htv, hb, Hq, Hkv, P, S, c.sel, c.two, Lc, cmap.data(),
+                          clen.data());
+  ASSERT_EQ(map, cmap);
+  ASSERT_EQ(llen, clen);
+  // The same list from the public op.
+  DevBuf<float> dgh(gh);
+  DevBuf<int32_t> pmap(map.size()), plen(llen.size());
+  pmap.poison();
+  cuda::select_groups_list(dgh.p, f.dtv, db, Hq, Hkv, P, S, c.sel, c.two, Lc, pmap.p, plen.p,
+                           nullptr);
+  CK(cudaDeviceSynchronize());
+  EXPECT_EQ(pmap.download(), map);
+  EXPECT_EQ(plen.download(), llen);
+  int two_level_rows = 0;
+  for (int b = 0; b < B; ++b)
+    two_level_rows += groups_kept(c.two, c.sel, P, S, hb.seq_lens[b]) >= 0;
+  ::testing::Test::RecordProperty("two_level_sequences", std::to_string(two_level_rows));
+
+  // 3. Level-2 scores of the listed pages vs the float64 page scores.
+  const auto h2 = region<float>(ws, plan.head_scores, size_t(B) * Hq * Lc);
+  std::vector<double> ref_hs(size_t(B) * Hq * f.M);
+  const SummaryView hv = f.store.view();
+  ref::score_pages(hv, hb, hq, scale, ref_hs.data());
+  const test::ArithModel am = test::cuda_arith(DType::bf16);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int i = 0; i < Lc; ++i) {
+        const int page = map[(size_t(b) * Hkv + h / c.G) * Lc + i];
+        const float x = h2[(size_t(b) * Hq + h) * Lc + i];
+        if (page < 0 || page >= hb.seq_lens[b] / P) {
+          if (i < llen[b] / P) ADD_FAILURE() << "a listed full page unscored";
+          continue;
+        }
+        const double r = ref_hs[(size_t(b) * Hq + h) * f.M + page];
+        const int32_t blk = hb.block_table[int64_t(b) * hb.block_table_stride + page];
+        const double tol = test::score_tolerance(hv, blk, h / c.G,
+                                                 q.data() + (size_t(b) * Hq + h) * d, scale, r, am);
+        ASSERT_NEAR(x, r, tol) << "b " << b << " h " << h << " position " << i;
+      }
+
+  // 4. Selection vs cpu aggregation + selection over positions on the GPU's level-2 scores,
+  // mapped to pages: identical.
+  std::vector<int32_t> lblk(size_t(B) * Hkv * Lc, 0);
+  const BatchView lb{lblk.data(), int64_t(Hkv) * Lc, llen.data(), B, Lc};
+  std::vector<float> agg(size_t(B) * Hkv * Lc);
+  cpu::aggregate_gqa(h2.data(), lb, Hq, Hkv, agg.data());
+  std::vector<int32_t> cp(size_t(B) * Hkv * cap), cc(size_t(B) * Hkv);
+  cpu::select_pages(agg.data(), lb, Hkv, P, c.sel, Selection{cp.data(), cc.data(), cap});
+  for (int row = 0; row < B * Hkv; ++row)
+    for (int i = 0; i < cc[size_t(row)]; ++i) {
+      int32_t& x = cp[size_t(row) * cap + i];
+      x = map[size_t(row) * Lc + x];
+    }
+  const auto gp = pages.download(), gcnt = counts.download();
+  EXPECT_EQ(gcnt, cc);
+  EXPECT_EQ(gp, cp);
+
+  // 5. Attention vs float64 on the GPU's selection.
+  const auto o = out.download(), ls = lse.download();
+  const Selection hsel{const_cast<int32_t*>(gp.data()), const_cast<int32_t*>(gcnt.data()), cap};
+  std::vector<double> ro(o.size()), rl(ls.size());
+  ref::decode_attention(f.gc.host.view(), hb, hq, scale, &hsel, ro.data(), rl.data());
+  double worst_o = 0, worst_l = 0;
+  for (int i = 0; i < B * Hq; ++i) {
+    double num = 0, den = 1e-30;
+    for (int e = 0; e < d; ++e) {
+      const double x = o[size_t(i) * d + e], y = ro[size_t(i) * d + e];
+      ASSERT_TRUE(std::isfinite(x)) << "output " << i;
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    worst_o = std::max(worst_o, std::sqrt(num / den));
+    worst_l = std::max(worst_l, std::fabs(ls[size_t(i)] - rl[size_t(i)]));
+  }
+  EXPECT_LT(worst_o, 1e-2) << "output rel L2";
+  EXPECT_LT(worst_l, 1e-3) << "lse";
+
+  // 6. The whole step vs cpu::decode_two_level: page sets, rows that differ counted (the
+  // two backends' level-1 and level-2 scores differ in the last bits, so a near-tie may
+  // flip; steps 2 and 4 are the exact checks).
+  const DecodePlan cplan = cpu::plan_decode(f.params());
+  std::vector<std::byte> cws(cplan.workspace_bytes + 256);
+  void* cbase =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(cws.data()) + 255) & ~uintptr_t(255));
+  std::vector<float> co(o.size());
+  std::vector<int32_t> cpp(gp.size()), ccc(gcnt.size());
+  const Selection csel{cpp.data(), ccc.data(), cap};
+  cpu::decode_two_level(cplan, {cbase, cplan.workspace_bytes}, f.gc.host.view(), f.store.view(),
+                        f.sup->host.view(), f.htv, hb, hq, {co.data(), nullptr}, &csel);
+  EXPECT_EQ(ccc, gcnt);
+  int differing = 0;
+  for (int row = 0; row < B * Hkv; ++row)
+    differing += !std::equal(cpp.begin() + int64_t(row) * cap,
+                             cpp.begin() + int64_t(row) * cap + ccc[size_t(row)],
+                             gp.begin() + int64_t(row) * cap);
+  ::testing::Test::RecordProperty("rows_differing_from_cpu", std::to_string(differing));
+  EXPECT_LE(differing, (B * Hkv) / 4) << "more rows than near-ties explain";
+
+  // 7. CUDA graph: capture the step, replay with a new query; equal to a direct call.
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), f.sup->dview(), f.dtv, db, dqv,
+                         {out.p, lse.p}, &dsel, st);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  const std::vector<float> q2 = random_queries(B, Hq, d, 1.5f, 6);
+  dq.upload(q2);
+  out.poison(), pages.poison();
+  CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  const auto go = out.download();
+  const auto ggp = pages.download(), ggc = counts.download();
+  out.poison(), pages.poison();
+  cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), f.sup->dview(), f.dtv, db, dqv,
+                         {out.p, lse.p}, &dsel, st);
+  CK(cudaStreamSynchronize(st));
+  EXPECT_EQ(ggp, pages.download());
+  EXPECT_EQ(ggc, counts.download());
+  EXPECT_EQ(go, out.download());
+  EXPECT_NE(go, o) << "the replay used the new query";
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(st));
+}
+
+TwoLevelConfig cfg(double alpha, int first) {
+  TwoLevelConfig t;
+  t.alpha = alpha;
+  t.min_groups = 4;
+  t.first_groups = first;
+  t.flat_below_groups = 8;
+  return t;
+}
+
+// Ragged: two-level sequences (24 and 20 groups of 8 pages, one with a partial tail and an
+// open group), a short one (flat fallback), one ending on a group edge.
+const std::vector<int64_t> kLens = {16 * 8 * 24 + 16 * 3 + 5, 16 * 8 * 20, 300, 16 * 8 * 16};
+
+TEST(CudaTwoLevel, LlamaShapeStageByStage) {
+  SKIP_WITHOUT_GPU();
+  run_case({8, 4, cfg(2.0, 1), {256, 1, 2}}, kLens);
+}
+
+TEST(CudaTwoLevel, GlmShapeStageByStage) {
+  SKIP_WITHOUT_GPU();
+  run_case({2, 16, cfg(2.0, 1), {256, 1, 2}}, kLens);
+}
+
+TEST(CudaTwoLevel, NoSinkRecentAndOtherModes) {
+  SKIP_WITHOUT_GPU();
+  TwoLevelConfig t = cfg(4.0, 1);
+  run_case({4, 4, t, {384, 0, 0}}, kLens);
+  t.use_extent = false;  // centroid mode, max aggregation
+  t.agg = GroupAgg::max;
+  run_case({4, 4, t, {256, 2, 9}}, kLens);
+  t.use_extent = true;  // mixed estimate, gamma
+  t.mix = true;
+  t.gamma = 0.5;
+  t.agg = GroupAgg::lse;
+  run_case({4, 2, t, {256, 0, 3}}, kLens);
+}
+
+TEST(CudaTwoLevel, BadCallsAreRefused) {
+  SKIP_WITHOUT_GPU();
+  Fixture f({2, 4, cfg(2.0, 1), {256, 1, 2}}, kLens);
+  DecodeParams p = f.params();
+  p.select.tau = 0.5f;
+  EXPECT_THROW(cuda::plan_decode(p), InvalidArgument);
+  const DecodePlan plan = cuda::plan_decode(f.params());
+  DevBuf<uint8_t> wsb(plan.workspace_bytes);
+  const Workspace ws{wsb.p, plan.workspace_bytes};
+  DevBuf<float> q(size_t(f.B) * f.Hq * Fixture::d), out(q.n);
+  SuperTableView short_table = f.dtv;
+  short_table.max_groups_per_seq = plan.max_groups - 1;
+  EXPECT_THROW(
+      cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), f.sup->dview(), short_table,
+                             f.gc.dbatch(), {q.p, f.Hq}, {out.p, nullptr}, nullptr, nullptr),
+      InvalidArgument);
+  SuperView no_ext = f.sup->dview();
+  no_ext.hi_q = nullptr;
+  EXPECT_THROW(
+      cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), no_ext, f.dtv, f.gc.dbatch(),
+                             {q.p, f.Hq}, {out.p, nullptr}, nullptr, nullptr),
+      InvalidArgument);
+  SuperView other = f.sup->dview();
+  other.layout.group_pages = 16;
+  EXPECT_THROW(
+      cuda::decode_two_level(plan, ws, f.gc.dview(), f.gs.view(), other, f.dtv, f.gc.dbatch(),
+                             {q.p, f.Hq}, {out.p, nullptr}, nullptr, nullptr),
+      InvalidArgument);
+}
+
+}  // namespace
+}  // namespace locks::cuda_test
