@@ -211,6 +211,7 @@ class LocksLayer(CacheLayerMixin):
         self.q_obs = None
         self.prompt_lens = None
         self._snap = None  # rocketkv: (key, SnapKV page weights [B, H, blocks]), first decode step
+        self._page_stats = None  # (key, shadowkv landmarks + cosines / rocketkv min-max of the pages)
 
     # -- transformers' layer API ---------------------------------------------------------
     def lazy_initialization(self, key_states, value_states):
@@ -366,11 +367,23 @@ class LocksLayer(CacheLayerMixin):
 
     def _selector_options(self, sel: str, scaling: float) -> dict:
         """The options of a baseline selector (selectors.select), its state built here."""
-        if sel == "shadowkv":
-            return dict(chunk=self.cfg.shadow_chunk, outlier_share=self.cfg.shadow_outlier_share)
-        if sel != "rocketkv":
+        if sel not in ("shadowkv", "rocketkv"):
             return {}
-        opts = dict(dims=self.cfg.rocket_dims, keep=self.cfg.snapkv_keep)
+        # Per-page statistics of the full pages' keys (a full page's keys never change): kept
+        # until a page fills or the storage grows, so a step reads them instead of every key.
+        P = self.cfg.page_size
+        key = (sel, self.cfg.shadow_chunk, self.max_blocks, tuple(n // P for n in self.lens))
+        if self._page_stats is None or self._page_stats[0] != key:
+            if sel == "shadowkv":
+                stats = dict(landmarks=selectors.shadowkv_landmarks(self.k_pages, self.block_table, key[1]),
+                             cosine=selectors.shadowkv_page_cosine(self.k_pages, self.block_table, key[1]))
+            else:
+                stats = dict(minmax=selectors.page_minmax(self.k_pages, self.block_table))
+            self._page_stats = (key, stats)
+        if sel == "shadowkv":
+            return dict(chunk=self.cfg.shadow_chunk, outlier_share=self.cfg.shadow_outlier_share,
+                        **self._page_stats[1])
+        opts = dict(dims=self.cfg.rocket_dims, keep=self.cfg.snapkv_keep, **self._page_stats[1])
         if self.q_obs is None:  # no prompt queries (an empty window): no eviction
             return opts
         key = (self.cfg.snapkv_pool, scaling)

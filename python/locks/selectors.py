@@ -162,12 +162,13 @@ def shadowkv_page_cosine(k_pages, block_table, chunk: int = 8) -> torch.Tensor:
     return torch.clamp(cos.flatten(-2).amin(-1), max=1.0)
 
 
-def shadowkv_head_scores(q, k_pages, block_table, scale: float, chunk: int = 8) -> torch.Tensor:
+def shadowkv_head_scores(q, k_pages, block_table, scale: float, chunk: int = 8,
+                         landmarks: torch.Tensor | None = None) -> torch.Tensor:
     """log of each position's estimated mass, log C + log sum_chunks exp(scale q . landmark):
-    [B, H, G, max_blocks]."""
+    [B, H, G, max_blocks]. landmarks: shadowkv_landmarks, when kept from an earlier step."""
     B, Hq, d = q.shape
     H = k_pages.shape[2]
-    lm = shadowkv_landmarks(k_pages, block_table, chunk)  # [B, H, J, C, d]
+    lm = shadowkv_landmarks(k_pages, block_table, chunk) if landmarks is None else landmarks
     logits = torch.einsum("bhgd,bhjcd->bhgjc", q.float().view(B, H, Hq // H, d), lm) * scale
     return torch.logsumexp(logits, dim=-1) + math.log(chunk)
 
@@ -193,26 +194,36 @@ def _forced_first(scores, stat, count, full, descending: bool) -> torch.Tensor:
 
 
 def shadowkv_scores(q, k_pages, block_table, seq_lens, scale: float, *, budget: int, chunk: int = 8,
-                    outlier_share: float = 1.0 / 64) -> torch.Tensor:
+                    outlier_share: float = 1.0 / 64, landmarks=None, cosine=None) -> torch.Tensor:
     """ShadowKV-style group scores [B, H, max_blocks]: the log max-share of the landmark
-    estimates, outlier pages set to the largest float (forced in, ties by index)."""
+    estimates, outlier pages set to the largest float (forced in, ties by index).
+    landmarks / cosine: shadowkv_landmarks / shadowkv_page_cosine kept from an earlier step
+    with the same full pages (they depend on full pages' keys only), else computed here."""
     P = k_pages.shape[1]
     full = _full_page_mask(seq_lens, block_table.shape[1], P)
-    shares = _max_shares(shadowkv_head_scores(q, k_pages, block_table, scale, chunk), full)
+    shares = _max_shares(shadowkv_head_scores(q, k_pages, block_table, scale, chunk, landmarks), full)
     n_full = full.sum(1)
     want = torch.ceil(outlier_share * n_full.double()).long()
     n_out = torch.minimum(torch.minimum(want, torch.full_like(want, (budget // P) // 4)), n_full)
     n_out = torch.where(seq_lens.long() > budget, n_out, 0)
-    out = _forced_first(shares, shadowkv_page_cosine(k_pages, block_table, chunk), n_out, full,
-                        descending=False)
+    if cosine is None:
+        cosine = shadowkv_page_cosine(k_pages, block_table, chunk)
+    out = _forced_first(shares, cosine, n_out, full, descending=False)
     return shares.masked_fill(out, torch.finfo(torch.float32).max)
 
 
 # -- RocketKV-style (src/eval/selector_rocket.cpp, rocket_snapkv) -------------------------------
 
-def rocket_bounds(q, k_pages, block_table, scale: float, dims: int = 0) -> torch.Tensor:
+def page_minmax(k_pages, block_table) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block-table position and channel the keys' min and max: ([B, J, H, d], [B, J, H, d])."""
+    k = _gathered_keys(k_pages, block_table)
+    return k.amin(dim=2), k.amax(dim=2)
+
+
+def rocket_bounds(q, k_pages, block_table, scale: float, dims: int = 0, minmax=None) -> torch.Tensor:
     """Quest's bound on each query head's top-`dims` channels by |q_c| (ties: lower channel;
-    0: head_dim / 4): scale * sum_{c in top} max(q_c max_c, q_c min_c). [B, H, G, max_blocks]."""
+    0: head_dim / 4): scale * sum_{c in top} max(q_c max_c, q_c min_c). [B, H, G, max_blocks].
+    minmax: page_minmax, when kept from an earlier step with the same full pages."""
     B, Hq, d = q.shape
     H = k_pages.shape[2]
     r = d // 4 if dims == 0 else dims
@@ -222,8 +233,7 @@ def rocket_bounds(q, k_pages, block_table, scale: float, dims: int = 0) -> torch
     qf = q.float()
     top = torch.sort(qf.abs(), dim=-1, descending=True, stable=True).indices[..., :r]
     qm = torch.zeros_like(qf).scatter_(-1, top, qf.gather(-1, top))  # q on its top channels, 0 elsewhere
-    k = _gathered_keys(k_pages, block_table)
-    kmin, kmax = k.amin(dim=2), k.amax(dim=2)  # [B, J, H, d]
+    kmin, kmax = page_minmax(k_pages, block_table) if minmax is None else minmax  # [B, J, H, d]
     qg = qm.view(B, H, Hq // H, 1, d)
     lo = qg * kmin.permute(0, 2, 1, 3)[:, :, None]
     hi = qg * kmax.permute(0, 2, 1, 3)[:, :, None]
@@ -258,14 +268,14 @@ def snapkv_weights(q_obs, k_pages, block_table, prompt_lens, scale: float, pool:
 
 def rocketkv_scores(q, k_pages, block_table, seq_lens, scale: float, *, budget: int, dims: int = 0,
                     snap: torch.Tensor | None = None, prompt_lens=None, obs: int = 0,
-                    keep: float = 4.0) -> torch.Tensor:
+                    keep: float = 4.0, minmax=None) -> torch.Tensor:
     """RocketKV-style shares [B, H, max_blocks]: the top-r channel bound, share-averaged; with
     snap (snapkv_weights) the SnapKV eviction: when the budget is below the prompt's length,
     only the top min(prompt's full pages, ceil(keep * b / P)) prompt pages by weight and the
     pages from the window's first token on stay selectable (-inf the rest)."""
     P = k_pages.shape[1]
     full = _full_page_mask(seq_lens, block_table.shape[1], P)
-    shares = _shares(rocket_bounds(q, k_pages, block_table, scale, dims), full)
+    shares = _shares(rocket_bounds(q, k_pages, block_table, scale, dims, minmax), full)
     if snap is None:
         return shares
     T = prompt_lens.long().to(shares.device)

@@ -114,7 +114,8 @@ def cmd_suite(args) -> int:
     model, tok = _model(args)
     t0 = time.perf_counter()
     rows = suite.run(model, tok, lengths=meta["lengths"], budgets=meta["budgets"], selectors=meta["selectors"],
-                     task_names=names, seeds=args.seeds, locks_kwargs=dict(floor_pages=args.floor_pages))
+                     task_names=names, seeds=args.seeds, locks_kwargs=dict(floor_pages=args.floor_pages),
+                     checkpoint=args.out.rstrip("/") + ".partial.json")
     meta["seconds"] = time.perf_counter() - t0
     suite.write(rows, args.out, meta)
     print(suite.table(rows))

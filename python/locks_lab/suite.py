@@ -89,10 +89,12 @@ def _generate(model, ids, cache, max_new_tokens, pad_id, processors=()):
 
 
 @torch.inference_mode()
-def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=print, locks_kwargs=None):
+def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=print, locks_kwargs=None,
+        checkpoint: str | None = None):
     """One row per generation: FullKV once per (task, length, seed), then every selector x
     budget from a copy of one shared prefill. selectors: names as parse_method takes them
-    ("fullkv" is skipped: the reference row is always there)."""
+    ("fullkv" is skipped: the reference row is always there). checkpoint: a path where the
+    rows so far are written (JSON) after each prompt, so a long run that stops keeps them."""
     locks_kwargs = dict(locks_kwargs or {})
     unknown = [t for t in task_names if t not in GENERATORS]
     if unknown:
@@ -137,6 +139,9 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
                 progress(f"{name} {n} seed {seed}: FullKV {full_score:.2f}; "
                          + ", ".join(f"{r['method']}@{r['budget']} {r['score']:.2f}" for r in rows[first:])
                          + f" ({time.perf_counter() - t0:.0f} s)")
+                if checkpoint:
+                    with open(checkpoint, "w") as f:
+                        json.dump(rows, f)
     return rows
 
 

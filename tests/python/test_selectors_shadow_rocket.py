@@ -418,3 +418,45 @@ def test_recall_equals_the_harness_on_a_tiny_capture(tmp_path):
                     assert abs(recall - want[(cname, b, s, qh)]) < 1e-5, (name, b, s, qh, recall)
                     checked += 1
     assert checked == 2 * len(budgets) * steps * H * G
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", ["shadowkv", "rocketkv"])
+def test_kept_page_statistics_select_as_recomputed(tiny, name, monkeypatch):
+    """The drop-in keeps the full pages' landmarks / cosines / min-max until a page fills:
+    the same selections as recomputing them from the keys every step (decode fills pages)."""
+    from locks import hf
+
+    ids = torch.randint(0, 256, (2, 290), generator=torch.Generator().manual_seed(3))
+    kw = hf.cache_kwarg(tiny)
+    original_select, original_options = sel.select, hf.LocksLayer._selector_options
+
+    def run(fresh: bool):
+        got = []
+
+        def recording(*a, **k):
+            pages, counts = original_select(*a, **k)
+            got.append((pages.clone(), counts.clone()))
+            return pages, counts
+
+        def options(self, sel_name, scaling):
+            if fresh:
+                self._page_stats = None  # recompute from the keys every step
+            return original_options(self, sel_name, scaling)
+
+        monkeypatch.setattr(sel, "select", recording)
+        monkeypatch.setattr(hf.LocksLayer, "_selector_options", options)
+        out = tiny.generate(ids, max_new_tokens=24, do_sample=False,
+                            **{kw: hf.LocksCache(tiny.config, tiny.locks_config)})
+        return out, got
+
+    try:
+        hf.enable(tiny, budget=64, selector=name, precision="fp32", shadow_outlier_share=0.25)
+        kept, a = run(False)
+        again, b = run(True)
+    finally:
+        hf.disable(tiny)
+    assert torch.equal(kept, again)
+    assert len(a) == len(b) == 2 * 23  # both layers, every decode step (the first token: the prefill)
+    for (p1, c1), (p2, c2) in zip(a, b):
+        assert torch.equal(p1, p2) and torch.equal(c1, c2)
