@@ -34,10 +34,11 @@ sink and recent pages, and the highest shares (ties to the lower index) up to fl
 slots; b >= the length selects every page. Output: the (pages, counts) that
 DecodeWrapper.attend takes. Computed in float32 from the paged cache, vectorised over the batch;
 the oracle and Quest read every key each step (Quest's min/max are recomputed rather than
-stored: the same scores, without the metadata cache it would keep in a server). Likewise
-ShadowKV's landmarks and outlier pages and RocketKV's min/max are recomputed from the paged
-keys at every step (pure functions of the keys: the state the harness builds in prepare(), on
-the cache as it stands at that step); RocketKV's SnapKV page weights need the prompt's
+stored: the same scores, without the metadata cache it would keep in a server). ShadowKV's
+landmarks and page cosines and RocketKV's min/max are functions of the full pages' keys (the
+state the harness builds in prepare(), on the cache as it stands at that step): locks.hf
+keeps them and recomputes them when a page fills (the score functions compute them when not
+given); RocketKV's SnapKV page weights need the prompt's
 queries, so the drop-in keeps the observation window's queries at the prefill and computes
 the weights from them and the prompt's keys at the first decode step (snapkv_weights).
 """
