@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -75,8 +76,14 @@ class LocksConfig:
     reserve_tokens: int = 256  # decode room allocated after the prefill (grows as needed)
     check_finite: bool = False
     # which pages to attend: "locks" (the summaries), or a baseline for research through the
-    # same budget path: "oracle", "quest", "fullkv" (locks/selectors.py)
+    # same budget path: "oracle", "quest", "shadowkv", "rocketkv", "fullkv" (locks/selectors.py)
     selector: str = "locks"
+    # the baselines' options, as the harness's (src/eval, SelectorParams; docs/python.md):
+    shadow_chunk: int = 8  # shadowkv: tokens per landmark (must divide page_size)
+    shadow_outlier_share: float = 1.0 / 64  # shadowkv: share of full pages forced in as outliers
+    rocket_dims: int = 0  # rocketkv: query channels scored per head (0: head_dim / 4)
+    snapkv_keep: float = 4.0  # rocketkv: SnapKV keeps ceil(keep * budget / page_size) prompt pages
+    snapkv_pool: int = 7  # rocketkv: SnapKV's max-pool kernel (tokens; pool // 2 each side)
     # query-weighted summaries (docs/method.md): each layer's page bases fit the key deviations
     # in the metric of its queries, calibrated from the prompt's last `obs_window` queries at
     # prefill (per KV head and channel: their RMS); False: the plain summaries. None (auto): on
@@ -107,6 +114,19 @@ class LocksConfig:
             raise ValueError(f"locks: precision must be one of {PRECISIONS}, got {self.precision!r}")
         if not isinstance(self.selector, str) or self.selector not in SELECTORS:
             raise ValueError(f"locks: selector must be one of {SELECTORS}, got {self.selector!r}")
+        check_int("shadow_chunk", self.shadow_chunk, lo=1, hi=self.page_size, where="locks")
+        if self.page_size % self.shadow_chunk:
+            raise ValueError(f"locks: shadow_chunk must divide page_size {self.page_size}, got {self.shadow_chunk}")
+        check_int("rocket_dims", self.rocket_dims, lo=0, where="locks",
+                  why="rocket_dims must be >= 0 (0: head_dim / 4)")
+        check_int("snapkv_pool", self.snapkv_pool, lo=0, where="locks")
+        for name, ok, rng in (("shadow_outlier_share", lambda v: 0 <= v <= 1, "[0, 1]"),
+                              ("snapkv_keep", lambda v: 0 < v < float("inf"), "(0, inf)")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"locks: {name} must be a float, got {type(v).__name__} {v!r}")
+            if not ok(float(v)):  # NaN fails too
+                raise ValueError(f"locks: {name} must be in {rng}, got {v}")
         if not isinstance(self.check_finite, bool):
             raise TypeError(f"locks: check_finite must be a bool, got {type(self.check_finite).__name__}")
         if self.query_weighted is not None and not isinstance(self.query_weighted, bool):
@@ -186,6 +206,12 @@ class LocksLayer(CacheLayerMixin):
         self.lens: list[int] = []
         self.max_blocks = 0
         self.last_counts = None  # pages selected per (sequence, KV head) at the last decode step
+        # the prompt's last obs_window queries [B, w, Hq, d] and lengths, kept at the prefill
+        # (rocketkv's SnapKV eviction; about w * group / (2 * length) of the cache's bytes)
+        self.q_obs = None
+        self.prompt_lens = None
+        self._snap = None  # rocketkv: (key, SnapKV page weights [B, H, blocks]), first decode step
+        self._page_stats = None  # (key, shadowkv landmarks + cosines / rocketkv min-max of the pages)
 
     # -- transformers' layer API ---------------------------------------------------------
     def lazy_initialization(self, key_states, value_states):
@@ -294,6 +320,10 @@ class LocksLayer(CacheLayerMixin):
             vt[b, :n] = value[b, :, f:].transpose(0, 1)
             full += [b * self.max_blocks + j for j in range(n // P)]
         self.seq_lens = torch.tensor(self.lens, dtype=torch.int32, device=self.device)
+        self.prompt_lens = self.seq_lens.clone()
+        w = min(self.cfg.obs_window, min(self.lens))
+        if query is not None and w >= 1:  # rows are left-padded: the last w positions are real
+            self.q_obs = query[:, :, query.shape[2] - w:].transpose(1, 2).contiguous()
         if self.cfg.selector == "locks" and self.cfg.weighted_for(d) and query is not None:
             self._calibrate(query, H)
         if full and self.cfg.selector == "locks":
@@ -335,6 +365,36 @@ class LocksLayer(CacheLayerMixin):
             self._plan_params = params
         return self._wrapper
 
+    def _selector_options(self, sel: str, scaling: float) -> dict:
+        """The options of a baseline selector (selectors.select), its state built here."""
+        if sel not in ("shadowkv", "rocketkv"):
+            return {}
+        # Per-page statistics of the full pages' keys (a full page's keys never change): kept
+        # until a page fills or the storage grows, so a step reads them instead of every key.
+        P = self.cfg.page_size
+        key = (sel, self.cfg.shadow_chunk, self.max_blocks, tuple(n // P for n in self.lens))
+        if self._page_stats is None or self._page_stats[0] != key:
+            if sel == "shadowkv":
+                stats = dict(landmarks=selectors.shadowkv_landmarks(self.k_pages, self.block_table, key[1]),
+                             cosine=selectors.shadowkv_page_cosine(self.k_pages, self.block_table, key[1]))
+            else:
+                stats = dict(minmax=selectors.page_minmax(self.k_pages, self.block_table))
+            self._page_stats = (key, stats)
+        if sel == "shadowkv":
+            return dict(chunk=self.cfg.shadow_chunk, outlier_share=self.cfg.shadow_outlier_share,
+                        **self._page_stats[1])
+        opts = dict(dims=self.cfg.rocket_dims, keep=self.cfg.snapkv_keep, **self._page_stats[1])
+        if self.q_obs is None:  # no prompt queries (an empty window): no eviction
+            return opts
+        key = (self.cfg.snapkv_pool, scaling)
+        if self._snap is None or self._snap[0] != key:  # the first decode step
+            self._snap = (key, selectors.snapkv_weights(self.q_obs, self.k_pages, self.block_table,
+                                                        self.prompt_lens, scaling, self.cfg.snapkv_pool))
+        snap = self._snap[1]
+        if snap.shape[-1] < self.max_blocks:  # grown since: the new blocks hold no prompt page
+            snap = torch.nn.functional.pad(snap, (0, self.max_blocks - snap.shape[-1]), value=float("-inf"))
+        return dict(opts, snap=snap, prompt_lens=self.prompt_lens, obs=self.q_obs.shape[1])
+
     def decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """query [B, Hq, 1, d] -> attention output [B, 1, Hq, d] in query's dtype."""
         q = query[:, :, 0].float().contiguous()
@@ -351,7 +411,8 @@ class LocksLayer(CacheLayerMixin):
                 pages, counts = selectors.select(
                     sel, q, self.k_pages, self.block_table, self.seq_lens, scale=float(scaling),
                     page_size=self.cfg.page_size, budget=self.cfg.budget, capacity=w.capacity,
-                    sink_pages=self.cfg.sink_pages, recent_pages=self.cfg.recent_pages)
+                    sink_pages=self.cfg.sink_pages, recent_pages=self.cfg.recent_pages,
+                    **self._selector_options(sel, float(scaling)))
             self.last_counts = counts
             out, _ = w.attend(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
                               pages=pages, counts=counts)

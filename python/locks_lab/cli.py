@@ -101,14 +101,21 @@ def cmd_demo(args) -> int:
 def cmd_suite(args) -> int:
     from . import suite
 
-    model, tok = _model(args)
     names = list(suite.GENERATORS) if args.tasks == "all" else args.tasks.split(",")
+    unknown = [t for t in names if t not in suite.GENERATORS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown} (known: {', '.join(suite.GENERATORS)})")
+    for m in args.selectors.split(","):  # before the model loads
+        suite.parse_method(m)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     meta = dict(model=args.model, device=args.device, dtype=args.dtype, lengths=ints(args.lengths),
-                budgets=ints(args.budgets), selectors=args.selectors.split(","), tasks=names, seeds=args.seeds)
+                budgets=ints(args.budgets), selectors=args.selectors.split(","), tasks=names, seeds=args.seeds,
+                floor_pages=args.floor_pages)
+    model, tok = _model(args)
     t0 = time.perf_counter()
     rows = suite.run(model, tok, lengths=meta["lengths"], budgets=meta["budgets"], selectors=meta["selectors"],
-                     task_names=names, seeds=args.seeds)
+                     task_names=names, seeds=args.seeds, locks_kwargs=dict(floor_pages=args.floor_pages),
+                     checkpoint=args.out.rstrip("/") + ".partial.json")
     meta["seconds"] = time.perf_counter() - t0
     suite.write(rows, args.out, meta)
     print(suite.table(rows))
@@ -180,7 +187,9 @@ def main(argv=None) -> int:
         sp.add_argument("--device", default="cpu")
         sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         sp.add_argument("--budgets", default=budgets)
-        sp.add_argument("--selectors", default="locks,oracle,quest")
+        sp.add_argument("--selectors", default="locks,oracle,quest",
+                        help="comma list of locks, oracle, quest, shadowkv, rocketkv, fullkv (suite: also "
+                             "locks-tau<T>, the adaptive budget, e.g. locks-tau0.95)")
 
     t = sub.add_parser("suite", help="the task suite: every task x length x selector x budget (locks_lab/suite.py)")
     per_selector(t, "64,256,1024")
@@ -188,6 +197,8 @@ def main(argv=None) -> int:
     t.add_argument("--tasks", default="all")
     t.add_argument("--seeds", type=int, default=2)
     t.add_argument("--out", default="suite-out")
+    t.add_argument("--floor-pages", type=int, default=1,
+                   help="the adaptive budget's floor (pages) for locks-tau<T> selectors")
     t.set_defaults(fn=cmd_suite)
 
     fdl = sub.add_parser("fidelity", help="teacher-forced top-1 / KL vs FullKV, every selector x budget")

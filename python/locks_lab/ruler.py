@@ -87,7 +87,8 @@ def _vocabulary(source: str = "info") -> list[str]:
 def common_words(tokenizer, n_tokens: int, top: int = 10, common_freq: int = 30, rare_freq: int = 3,
                  seed: int = 0, source: str = "info") -> Task:
     """A numbered list of words: `top` words appear `common_freq` times each, many others
-    `rare_freq` times; the answer is the `top` common ones (RULER cwe)."""
+    `rare_freq` times; the answer is the `top` common ones (RULER cwe). When the common words
+    alone overflow n_tokens (short contexts), common_freq drops so they take about half."""
     rng = random.Random(seed)
     vocab = _vocabulary(source)
     picked = rng.sample(vocab, min(len(vocab), 4000))
@@ -102,6 +103,9 @@ def common_words(tokenizer, n_tokens: int, top: int = 10, common_freq: int = 30,
         random.Random(seed + 1).shuffle(w)
         return [f"{i + 1}. {x}\n" for i, x in enumerate(w)]
 
+    n_common = len(tokenizer(head + "".join(words(0)) + tail, add_special_tokens=False).input_ids)
+    if n_common > n_tokens:  # short contexts: fewer repeats, the common words about half the prompt
+        common_freq = max(rare_freq + 1, int(common_freq * 0.5 * n_tokens / n_common))
     lo, hi = 0, len(rare)
     while lo < hi:  # most rare words whose list fits
         mid = (lo + hi + 1) // 2
@@ -178,24 +182,33 @@ def manpage_qa(tokenizer, n_tokens: int, seed: int = 0, depth: float | None = No
     if not files:
         raise FileNotFoundError(f"no man pages under {MAN_DIR}")
     start = rng.randrange(len(files))
-    pages, used = [], 0
+    # Pages in order from the start; one that does not fit is skipped (not the end of the
+    # document), until the document is within 2% of its room or 200 pages were skipped.
+    pages, used, skipped, room = [], 0, 0, n_tokens - 96
     for f in files[start:] + files[:start]:
         m = _man_text(os.path.join(MAN_DIR, f))
         if m is None:
             continue
-        n = len(tokenizer(m[2], add_special_tokens=False).input_ids)
-        if used + n > n_tokens - 96:
-            if pages:
+        n = len(tokenizer(f"Manual page {len(pages) + 1}:\n{m[2]}\n", add_special_tokens=False).input_ids)
+        if used + n > room:
+            skipped += 1
+            if skipped > 200:
                 break
             continue
         pages.append(m)
         used += n
+        if used >= 0.98 * room:
+            break
     d = rng.random() if depth is None else depth
-    name, desc, _ = pages[min(len(pages) - 1, int(d * len(pages)))]
     head = "Answer the question based on the given documents, a set of manual pages.\n\n"
-    doc = "".join(f"Manual page {i + 1}:\n{p[2]}\n" for i, p in enumerate(pages))
-    tail = (f"\nAnswer the question based on the given documents. Only give me the answer.\n"
-            f"Question: According to its manual page, what does the command {name} do?\nAnswer:")
+    while True:
+        name, desc, _ = pages[min(len(pages) - 1, int(d * len(pages)))]
+        doc = "".join(f"Manual page {i + 1}:\n{p[2]}\n" for i, p in enumerate(pages))
+        tail = (f"\nAnswer the question based on the given documents. Only give me the answer.\n"
+                f"Question: According to its manual page, what does the command {name} do?\nAnswer:")
+        if len(pages) == 1 or len(tokenizer(head + doc + tail, add_special_tokens=False).input_ids) <= n_tokens:
+            break
+        pages.pop()  # the pieces tokenized apart came out shorter than together
     answers = [w for w in re.findall(r"[A-Za-z]{4,}", desc)][:4] or [desc]
     return Task("manpage_qa", head + doc + tail, answers)
 

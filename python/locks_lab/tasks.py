@@ -25,21 +25,39 @@ class Task:
 
 
 def _fill(tokenizer, head: str, units: list[str], tail: str, n_tokens: int, insert: dict[float, str]) -> str:
-    """head + as many filler units as fit in n_tokens (inserts placed at relative depths) + tail."""
-    def build(k):
-        body = list(units[:k])
+    """head + as many filler units as fit in n_tokens (inserts placed at relative depths) + tail.
+    When the next unit would overshoot and the prompt is more than 2% short (a long unit: the
+    info manuals hold tables of thousands of characters with no sentence end), the first
+    words of that unit that fit are added, so the prompt has the requested length."""
+    def build(k, extra=""):
+        body = list(units[:k]) + ([extra] if extra else [])
         for depth, s in sorted(insert.items()):
             body.insert(int(round(depth * len(body))), s)
         return head + "".join(body) + tail
 
+    def count(text):
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+
     lo, hi = 0, len(units)
     while lo < hi:  # largest k whose prompt fits
         mid = (lo + hi + 1) // 2
-        if len(tokenizer(build(mid), add_special_tokens=False).input_ids) <= n_tokens:
+        if count(build(mid)) <= n_tokens:
             lo = mid
         else:
             hi = mid - 1
-    return build(lo)
+    prompt = build(lo)
+    if lo < len(units) and count(prompt) < 0.98 * n_tokens:
+        words = units[lo].split(" ")
+        a, b = 0, len(words)
+        while a < b:  # most words of the next unit that fit
+            mid = (a + b + 1) // 2
+            if count(build(lo, " ".join(words[:mid]) + " ")) <= n_tokens:
+                a = mid
+            else:
+                b = mid - 1
+        if a:
+            prompt = build(lo, " ".join(words[:a]) + " ")
+    return prompt
 
 
 def passkey(tokenizer, n_tokens: int, depth: float = 0.5, seed: int = 0) -> Task:

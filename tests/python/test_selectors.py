@@ -136,4 +136,4 @@ def test_every_selector_generates_and_is_exact_when_the_budget_covers(tiny, sele
     finally:
         hf.disable(tiny)
     with pytest.raises(ValueError, match="selector"):
-        hf.enable(tiny, budget=64, selector="shadowkv")
+        hf.enable(tiny, budget=64, selector="shadow_kv")

@@ -46,3 +46,57 @@ def test_plot_draws_a_png_with_gnuplot(tmp_path):
     assert suite.plot(rows, str(png)) and png.read_bytes()[:4] == b"\x89PNG"
     budgets, ys, full = suite.curves(rows)
     assert budgets == [64, 256] and ys == {"locks": [1.0, 1.0], "quest": [0.5, 0.5]} and full == 1.0
+
+
+def test_parse_method_names_and_errors():
+    assert suite.parse_method("quest") == ("quest", 0.0)
+    assert suite.parse_method("rocketkv") == ("rocketkv", 0.0)
+    assert suite.parse_method("locks-tau0.95") == ("locks", 0.95)
+    assert suite.parse_method("locks-tau1") == ("locks", 1.0)
+    for bad in ("shadow", "locks-tau", "locks-tau0", "locks-tau1.5", "locks-taux", "locks-tau-0.5", "oracle-tau0.9"):
+        with pytest.raises(ValueError):
+            suite.parse_method(bad)
+
+
+def test_attended_table():
+    rows = [dict(task="t", length=10, method="fullkv", budget=None, score=1.0),
+            dict(task="t", length=10, method="locks", budget=64, score=1.0, attended_mean=60.0),
+            dict(task="t", length=10, method="locks-tau0.9", budget=64, score=1.0, attended_mean=30.0),
+            dict(task="t", length=10, method="locks-tau0.9", budget=64, score=0.0, attended_mean=20.0)]
+    t = suite.attended_table(rows)
+    assert "| locks | 60 |" in t and "| locks-tau0.9 | 25 |" in t
+
+
+def test_every_task_prompt_has_the_requested_length_and_scores(model_tok):
+    """Each task of the suite at 1,500 and 4,000 tokens of the model's tokenizer (+-5%), and
+    its scoring needs no model: its answers score 1, an empty output 0."""
+    _, tok = model_tok
+    for name, (gen, new_tokens) in suite.GENERATORS.items():
+        assert new_tokens >= 12
+        for n in (1500, 4000):
+            task = gen(tok, n, seed=1)
+            got = len(tok(task.prompt, add_special_tokens=False).input_ids)
+            assert abs(got - n) <= 0.05 * n, (name, n, got)
+            assert task.answers, name
+            assert task.score(" ".join(task.answers)) == 1.0, name
+            assert task.score("") == 0.0, name
+
+
+def test_suite_runs_every_selector_and_records_attended_tokens(model_tok):
+    model, tok = model_tok
+    rows = suite.run(model, tok, lengths=[800], budgets=[128], task_names=["passkey"], seeds=1,
+                     selectors=["fullkv", "locks", "locks-tau0.95", "shadowkv", "rocketkv"], progress=lambda s: None)
+    assert [r["method"] for r in rows] == ["fullkv", "locks", "locks-tau0.95", "shadowkv", "rocketkv"]
+    layers = model.config.num_hidden_layers
+    for r in rows[1:]:
+        assert len(r["attended_per_layer"]) == layers, r["method"]
+        assert 0 < r["attended_mean"] <= 128, r
+    by = {r["method"]: r for r in rows}
+    assert by["locks-tau0.95"]["tau"] == 0.95 and by["locks-tau0.95"]["selector"] == "locks"
+    assert by["locks"]["attended_mean"] > 112  # fixed: 8 pages of 16 less the tail's missing tokens
+    assert by["locks-tau0.95"]["attended_mean"] <= by["locks"]["attended_mean"]
+    assert by["fullkv"]["score"] == 1.0 and by["locks"]["score"] == 1.0
+    with pytest.raises(ValueError, match="unknown selector"):
+        suite.run(model, tok, lengths=[800], budgets=[128], task_names=["passkey"], seeds=1, selectors=["bogus"])
+    with pytest.raises(ValueError, match="unknown task"):
+        suite.run(model, tok, lengths=[800], budgets=[128], task_names=["nope"], seeds=1, selectors=["locks"])
