@@ -127,6 +127,14 @@ void check_run_summary(const DecodePlan& plan, const SummaryLayout& S, const cha
          precision_name(P.precision), ", basis_group ", P.basis_group, ")");
 }
 
+void check_run_super(const DecodePlan& plan, const SuperLayout& U, const char* where) {
+  const SuperLayout& P = plan.params.super;
+  if (U.group_pages != P.group_pages || U.page_size != P.page_size ||
+      U.num_kv_heads != P.num_kv_heads || U.head_dim != P.head_dim || U.rank != P.rank ||
+      U.extent != P.extent || U.num_slots != P.num_slots)
+    fail(where, "super layout differs from the planned one");
+}
+
 void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where) {
   if (q.q == nullptr) fail(where, "q is null");
   if (q.num_q_heads != plan.params.num_q_heads)

@@ -157,12 +157,7 @@ void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& c
   detail::check_run_summary(plan, summaries.layout, __func__);
   detail::check_run_query(plan, q, __func__);
   const DecodeParams& p = plan.params;
-  const SuperLayout& U = supers.layout;
-  LOCKS_REQUIRE(U.group_pages == p.super.group_pages && U.page_size == p.super.page_size &&
-                    U.num_kv_heads == p.super.num_kv_heads && U.head_dim == p.super.head_dim &&
-                    U.rank == p.super.rank && U.extent == p.super.extent &&
-                    U.num_slots == p.super.num_slots,
-                "super layout differs from the planned one");
+  detail::check_run_super(plan, supers.layout, __func__);
   LOCKS_REQUIRE(super_table.table != nullptr && super_table.max_groups_per_seq >= plan.max_groups &&
                     super_table.stride >= super_table.max_groups_per_seq,
                 "super table is null or holds ", super_table.max_groups_per_seq,

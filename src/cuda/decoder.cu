@@ -290,12 +290,8 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
                 "selection_out is null or its capacity ", sel.capacity, " differs from the plan's ",
                 plan.capacity);
   const DecodeParams& p = plan.params;
+  locks::detail::check_run_super(plan, supers.layout, __func__);
   const SuperLayout& U = supers.layout;
-  LOCKS_REQUIRE(U.group_pages == p.super.group_pages && U.page_size == p.super.page_size &&
-                    U.num_kv_heads == p.super.num_kv_heads && U.head_dim == p.super.head_dim &&
-                    U.rank == p.super.rank && U.extent == p.super.extent &&
-                    U.num_slots == p.super.num_slots,
-                "super layout differs from the planned one");
   LOCKS_REQUIRE(supers.mu_q && supers.mu_scale && supers.basis_q && supers.basis_scale &&
                     supers.coord_q && supers.coord_scale && supers.radius_q &&
                     supers.radius_scale &&
