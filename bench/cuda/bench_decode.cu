@@ -180,6 +180,82 @@ int reps_for(double dense_bytes, bool quick) {
   return quick ? 7 : 11;
 }
 
+// One row's data on the device: K/V (random bf16), a block table with the sequences
+// interleaved over the pool (block j of sequence b is j*B+b), full lengths, block ids, the
+// quant summaries of every page (built on the GPU, bulk), a query and an output. Both the
+// flat and the two-level rows run on it; freed with the row.
+struct RowData {
+  int64_t pages, blocks;
+  size_t kv_bytes, nb;
+  CacheLayout L;
+  SummaryLayout sl;
+  cudaStream_t st{};
+  void *k = nullptr, *v = nullptr;
+  int32_t *dbt = nullptr, *dlens = nullptr, *dids = nullptr;
+  std::vector<int32_t> lens;
+  SummaryView s;
+  float *q = nullptr, *out = nullptr;
+  BatchView batch{};
+  KvCacheView cache{};
+
+  RowData(const Model& m, int64_t ctx, int B)
+      : pages(ctx / kP),
+        blocks(pages * B),
+        kv_bytes(size_t(blocks) * kP * m.hkv * m.d * 2),
+        nb(size_t(blocks) * m.hkv),
+        L{blocks, kP, m.hkv, m.d, DType::bf16},
+        sl(summary_layout_for(L, kRank, Precision::quant)),
+        lens(size_t(B), int32_t(ctx)) {
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaMalloc(&k, kv_bytes));
+    CK(cudaMalloc(&v, kv_bytes));
+    fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
+    fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
+    std::vector<int32_t> bt(size_t(B) * pages);
+    std::vector<int32_t> ids(static_cast<size_t>(blocks));
+    for (int b = 0; b < B; ++b)
+      for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
+    for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
+    CK(cudaMalloc(&dbt, bt.size() * 4));
+    CK(cudaMalloc(&dlens, lens.size() * 4));
+    CK(cudaMalloc(&dids, ids.size() * 4));
+    CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    batch = BatchView{dbt, pages, dlens, B, int(pages)};
+    cache = KvCacheView{k, v, L};
+    s.layout = sl;
+    CK(cudaMalloc(&s.mu_q, nb * m.d));
+    CK(cudaMalloc(&s.mu_scale, nb * 4));
+    CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
+    CK(cudaMalloc(&s.basis_scale, nb * basis_scales_per_head(sl) * 4));  // [nb, r, d / g]
+    CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
+    CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
+    CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
+    CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
+    fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
+  }
+  // Summaries of every page from K, with `builder` (the caller keeps it for the
+  // incremental build) or a throw-away one.
+  void build_summaries(cuda::SummaryBuilder& builder) {
+    builder.build(cache, dids, blocks, s, st);
+    CK(cudaStreamSynchronize(st));
+  }
+  void build_summaries() {
+    cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
+    build_summaries(builder);
+  }
+  ~RowData() {
+    for (void* p : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
+                    (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q,
+                    (void*)s.coeff_scale, (void*)q, (void*)out})
+      CK(cudaFree(p));
+    CK(cudaStreamDestroy(st));
+  }
+  RowData(const RowData&) = delete;
+  RowData& operator=(const RowData&) = delete;
+};
+
 void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   const int64_t pages = ctx / kP;
   const int64_t blocks = pages * B;
@@ -214,48 +290,13 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   }
   const double dense_bytes = 2.0 * kv_bytes;
   const int reps = reps_for(dense_bytes, o.quick);
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  void *k, *v;
-  CK(cudaMalloc(&k, kv_bytes));
-  CK(cudaMalloc(&v, kv_bytes));
-  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
-  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
-  // Block table: sequences interleaved over the pool (block j of sequence b is j*B+b).
-  std::vector<int32_t> bt(size_t(B) * pages);
-  std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(ctx));
-  std::vector<int32_t> ids(static_cast<size_t>(blocks));
-  for (int b = 0; b < B; ++b)
-    for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
-  for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
-  int32_t *dbt, *dlens, *dids;
-  CK(cudaMalloc(&dbt, bt.size() * 4));
-  CK(cudaMalloc(&dlens, lens.size() * 4));
-  CK(cudaMalloc(&dids, ids.size() * 4));
-  CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  const BatchView batch{dbt, pages, dlens, B, int(pages)};
-  const KvCacheView cache{k, v, L};
-
-  // Quant summaries of every page, built on the GPU (bulk).
-  SummaryView s;
-  s.layout = sl;
-  CK(cudaMalloc(&s.mu_q, nb * m.d));
-  CK(cudaMalloc(&s.mu_scale, nb * 4));
-  CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
-  CK(cudaMalloc(&s.basis_scale, nb * basis_scales_per_head(sl) * 4));  // [nb, r, d / g]
-  CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
-  CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
+  RowData D(m, ctx, B);
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
-  builder.build(cache, dids, blocks, s, st);
-  CK(cudaStreamSynchronize(st));
-
-  float* q;
-  float* out;
-  CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
-  CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
-  fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
+  D.build_summaries(builder);
+  const cudaStream_t st = D.st;
+  const KvCacheView& cache = D.cache;
+  const BatchView& batch = D.batch;
+  const SummaryView& s = D.s;
   cuda::Plan plan{L, m.hq, B, int(pages), DecodeConfig{SelectConfig{kBudget, 1, 2}, 0.0f}};
   plan.score_chunk_pages = o.score_chunk;
   plan.cfg.select.tau = o.tau;
@@ -263,8 +304,8 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   plan.select_cluster = o.select_cluster;
   {
     cuda::Decoder dec(plan);
-    const QueryView qv{q, m.hq};
-    const AttentionOutput ao{out, nullptr};
+    const QueryView qv{D.q, m.hq};
+    const AttentionOutput ao{D.out, nullptr};
     Graph g_locks([&] { dec.run(cache, s, batch, qv, ao, st); }, st);
     Graph g_dense([&] { dec.run_dense(cache, batch, qv, ao, st); }, st);
     const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
@@ -284,9 +325,9 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     Graph g_build([&] { builder.build_filled(cache, batch, 1, s, st); }, st);
     const double t_build_full = median_ms([&] { g_build.launch(st); }, st, reps);
     std::vector<int32_t> lens_odd(size_t(B), int32_t(ctx - 1));
-    CK(cudaMemcpy(dlens, lens_odd.data(), lens_odd.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(D.dlens, lens_odd.data(), lens_odd.size() * 4, cudaMemcpyHostToDevice));
     const double t_build_none = median_ms([&] { g_build.launch(st); }, st, reps);
-    CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(D.dlens, D.lens.data(), D.lens.size() * 4, cudaMemcpyHostToDevice));
     const double t_build_step = t_build_full / 16 + t_build_none * 15 / 16;
 
     // Bytes: dense reads all K+V; LOCKS must read the summaries, the selected pages
@@ -332,20 +373,16 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
 
     // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
     if (ctx == 131072 && B == 1) {
-      const double t_jac = median_ms([&] { builder.build(cache, dids, blocks, s, st); }, st, 3);
+      SummaryView sw = s;
+      const double t_jac = median_ms([&] { builder.build(cache, D.dids, blocks, sw, st); }, st, 3);
       cuda::SummaryBuilder cus(L, sl, cuda::Solver::cusolver, blocks);
-      const double t_cus = median_ms([&] { cus.build(cache, dids, blocks, s, st); }, st, 3);
+      const double t_cus = median_ms([&] { cus.build(cache, D.dids, blocks, sw, st); }, st, 3);
       std::printf(
           "  bulk summary build after a 128K prefill (%lld pages x %d KV heads): warp Jacobi "
           "%.3f ms (%.1f ns per page-head), cuSOLVER syevjBatched %.3f ms\n",
           (long long)blocks, m.hkv, t_jac, t_jac * 1e6 / double(nb), t_cus);
     }
   }
-  for (void* p : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
-                  (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q, (void*)s.coeff_scale,
-                  (void*)q, (void*)out})
-    CK(cudaFree(p));
-  CK(cudaStreamDestroy(st));
 }
 
 __global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
@@ -368,46 +405,14 @@ __global__ void fill_scale(float* p, size_t n, uint32_t seed, float lo, float hi
 // The two-level step vs flat LOCKS vs dense, one plan (params.two_level on: the flat and
 // dense ops run from the same plan and workspace), CUDA graphs, L2 flushed before each.
 void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opts& o) {
-  const int64_t pages = ctx / kP, blocks = pages * B;
-  const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;
-  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
-  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
-  const size_t nb = size_t(blocks) * m.hkv;
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  void *k, *v;
-  CK(cudaMalloc(&k, kv_bytes));
-  CK(cudaMalloc(&v, kv_bytes));
-  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)k, kv_bytes / 2, 1);
-  fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
-  std::vector<int32_t> bt(size_t(B) * pages);
-  std::vector<int32_t> lens(static_cast<size_t>(B), int32_t(ctx));
-  std::vector<int32_t> ids(static_cast<size_t>(blocks));
-  for (int b = 0; b < B; ++b)
-    for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
-  for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
-  int32_t *dbt, *dlens, *dids;
-  CK(cudaMalloc(&dbt, bt.size() * 4));
-  CK(cudaMalloc(&dlens, lens.size() * 4));
-  CK(cudaMalloc(&dids, ids.size() * 4));
-  CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  const BatchView batch{dbt, pages, dlens, B, int(pages)};
-  const KvCacheView cache{k, v, L};
-  SummaryView s;
-  s.layout = sl;
-  CK(cudaMalloc(&s.mu_q, nb * m.d));
-  CK(cudaMalloc(&s.mu_scale, nb * 4));
-  CK(cudaMalloc(&s.basis_q, nb * kRank * m.d / 2));
-  CK(cudaMalloc(&s.basis_scale, nb * basis_scales_per_head(sl) * 4));
-  CK(cudaMalloc(&s.coeff_q, nb * kP * kRank));
-  CK(cudaMalloc(&s.coeff_scale, nb * kRank * 4));
-  {
-    cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
-    builder.build(cache, dids, blocks, s, st);
-    CK(cudaStreamSynchronize(st));
-  }
+  RowData D(m, ctx, B);
+  D.build_summaries();
+  const int64_t pages = D.pages;
+  const size_t kv_bytes = D.kv_bytes;
+  const cudaStream_t st = D.st;
+  const KvCacheView& cache = D.cache;
+  const BatchView& batch = D.batch;
+  const SummaryView& s = D.s;
   // Super summaries: random codes, scales that keep the estimates in a sane range.
   const int S = o.group_pages, MG = int((pages + S - 1) / S);
   SuperLayout U;
@@ -450,13 +455,9 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   CK(cudaMemcpy(dtab, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
   const SuperTableView tv{dtab, MG, MG};
 
-  float *q, *out;
-  CK(cudaMalloc(&q, size_t(B) * m.hq * m.d * 4));
-  CK(cudaMalloc(&out, size_t(B) * m.hq * m.d * 4));
-  fill_f32<<<256, 256, 0, st>>>(q, size_t(B) * m.hq * m.d, 3);
   DecodeParams p;
-  p.cache = L;
-  p.summary = sl;
+  p.cache = D.L;
+  p.summary = D.sl;
   p.num_q_heads = m.hq;
   p.max_batch = B;
   p.max_blocks_per_seq = int(pages);
@@ -470,8 +471,8 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   void* wsp;
   CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));
   const Workspace ws{wsp, plan.workspace_bytes};
-  const QueryView qv{q, m.hq};
-  const AttentionOutput ao{out, nullptr};
+  const QueryView qv{D.q, m.hq};
+  const AttentionOutput ao{D.out, nullptr};
   const int reps = reps_for(2.0 * kv_bytes, o.quick);
   double t_stage[6] = {0, 0, 0, 0, 0, 0};
   for (int k2 = 1; k2 <= 5; ++k2) {
@@ -499,7 +500,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   CK(cudaStreamSynchronize(st));
   double sel_pages = 0;
   for (int c : counts) sel_pages += c;
-  const StepBytes sb = two_level_step_bytes(U, sl, p.two, p.select, ctx);
+  const StepBytes sb = two_level_step_bytes(U, D.sl, p.two, p.select, ctx);
   std::printf(
       "%-13s %8lld %3d %5d | %8.4f %8.4f %8.4f | %6.2f %6.2f | %7.4f %7.4f %7.4f %7.4f %7.4f | "
       "%5d %4d %3d %6.1f %6.1f\n",
@@ -515,11 +516,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
                  t_stage[5] - t_stage[4], plan.list_cap, plan.l2_select_cluster,
                  sb.dense / sb.total());
   for (void* ptr : sup_bufs) CK(cudaFree(ptr));
-  for (void* ptr : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
-                    (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q, (void*)s.coeff_scale,
-                    (void*)q, (void*)out, (void*)dtab, wsp})
-    CK(cudaFree(ptr));
-  CK(cudaStreamDestroy(st));
+  for (void* ptr : {(void*)dtab, wsp}) CK(cudaFree(ptr));
 }
 
 void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ctx, int only_batch) {

@@ -111,11 +111,19 @@ def cmd_suite(args) -> int:
     meta = dict(model=args.model, device=args.device, dtype=args.dtype, lengths=ints(args.lengths),
                 budgets=ints(args.budgets), selectors=args.selectors.split(","), tasks=names, seeds=args.seeds,
                 floor_pages=args.floor_pages)
+    prompts = suite.load_prompts(args.prompts) if args.prompts else None
     model, tok = _model(args)
+    if args.write_prompts:
+        items = suite.make_prompts(tok, lengths=meta["lengths"], task_names=names, seeds=args.seeds)
+        with open(args.write_prompts, "w", encoding="utf-8") as f:
+            json.dump(items, f)
+        print(f"wrote {len(items)} prompts to {args.write_prompts}")
+        return 0
+    meta["prompts"] = args.prompts
     t0 = time.perf_counter()
     rows = suite.run(model, tok, lengths=meta["lengths"], budgets=meta["budgets"], selectors=meta["selectors"],
                      task_names=names, seeds=args.seeds, locks_kwargs=dict(floor_pages=args.floor_pages),
-                     checkpoint=args.out.rstrip("/") + ".partial.json")
+                     checkpoint=args.out.rstrip("/") + ".partial.json", prompts=prompts)
     meta["seconds"] = time.perf_counter() - t0
     suite.write(rows, args.out, meta)
     print(suite.table(rows))
@@ -199,6 +207,10 @@ def main(argv=None) -> int:
     t.add_argument("--out", default="suite-out")
     t.add_argument("--floor-pages", type=int, default=1,
                    help="the adaptive budget's floor (pages) for locks-tau<T> selectors")
+    t.add_argument("--write-prompts", metavar="FILE",
+                   help="only write every (task, length, seed) prompt and its answers to FILE (JSON)")
+    t.add_argument("--prompts", metavar="FILE",
+                   help="run the prompts of a --write-prompts file instead of generating them here")
     t.set_defaults(fn=cmd_suite)
 
     fdl = sub.add_parser("fidelity", help="teacher-forced top-1 / KL vs FullKV, every selector x budget")

@@ -17,7 +17,12 @@ Per (task, length, seed) the prompt is prefilled once (all but its last token, d
 the summaries built); each selector x budget then decodes from a copy of that cache, the
 last prompt token being its first decode step, so every method answers from the same
 prefill. Writes suite.json (one row per generation), table.md (mean score per task x
-method x budget, FullKV beside) and, with gnuplot, accuracy.png."""
+method x budget, FullKV beside) and, with gnuplot, accuracy.png.
+
+The prompts come from this machine's files (Debian documents, man pages, the Python
+sources), which another machine may not have or hold in other versions: `--write-prompts F`
+writes every (task, length, seed) prompt with its answers to a JSON file, and `--prompts F`
+runs from such a file, so a GPU machine answers exactly the prompts generated here."""
 from __future__ import annotations
 
 import json
@@ -88,9 +93,34 @@ def _generate(model, ids, cache, max_new_tokens, pad_id, processors=()):
     return out[0, ids.shape[1]:]
 
 
+def make_prompts(tok, *, lengths, task_names, seeds) -> list[dict]:
+    """Every (task, length, seed) prompt with its answers, as JSON-ready dicts."""
+    unknown = [t for t in task_names if t not in GENERATORS]
+    if unknown:
+        raise ValueError(f"locks_lab suite: unknown task(s) {unknown} (known: {', '.join(GENERATORS)})")
+    out = []
+    for name in task_names:
+        for n in lengths:
+            for seed in range(seeds):
+                t = GENERATORS[name][0](tok, n, seed=seed)
+                out.append(dict(task=name, length=n, seed=seed, name=t.name, prompt=t.prompt, answers=t.answers))
+    return out
+
+
+def load_prompts(path: str) -> dict:
+    """{(task, length, seed): tasks.Task} from a make_prompts file; ValueError if malformed."""
+    with open(path, encoding="utf-8") as f:
+        items = json.load(f)
+    keys = ("task", "length", "seed", "name", "prompt", "answers")
+    if not isinstance(items, list) or not all(isinstance(x, dict) and all(k in x for k in keys) for x in items):
+        raise ValueError(f"locks_lab suite: {path} is not a prompts file (a list of {{{', '.join(keys)}}})")
+    return {(x["task"], int(x["length"]), int(x["seed"])): tasks.Task(x["name"], x["prompt"], list(x["answers"]))
+            for x in items}
+
+
 @torch.inference_mode()
 def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=print, locks_kwargs=None,
-        checkpoint: str | None = None):
+        checkpoint: str | None = None, prompts: dict | None = None):
     """One row per generation: FullKV once per (task, length, seed), then every selector x
     budget from a copy of one shared prefill. selectors: names as parse_method takes them
     ("fullkv" is skipped: the reference row is always there). checkpoint: a path where the
@@ -99,6 +129,11 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
     unknown = [t for t in task_names if t not in GENERATORS]
     if unknown:
         raise ValueError(f"locks_lab suite: unknown task(s) {unknown} (known: {', '.join(GENERATORS)})")
+    if prompts is not None:
+        missing = [(t, n, s) for t in task_names for n in lengths for s in range(seeds) if (t, n, s) not in prompts]
+        if missing:
+            raise ValueError(f"locks_lab suite: the prompts file has no prompt for {missing[:3]}"
+                             f"{' ...' if len(missing) > 3 else ''} (task, length, seed)")
     methods = [(m, *parse_method(m)) for m in selectors]
     methods = [m for m in methods if m[1] != "fullkv"]
     configs = {(m, b): hf.LocksConfig(budget=b, selector=sel, tau=tau, **locks_kwargs)
@@ -112,7 +147,7 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
         gen, new_tokens = GENERATORS[name]
         for n in lengths:
             for seed in range(seeds):
-                task = gen(tok, n, seed=seed)
+                task = prompts[(name, n, seed)] if prompts is not None else gen(tok, n, seed=seed)
                 ids = tok(task.prompt, return_tensors="pt").input_ids.to(model.device)
                 t0 = time.perf_counter()
                 with attn_implementation(model, _dense_impl(model)):

@@ -100,3 +100,24 @@ def test_suite_runs_every_selector_and_records_attended_tokens(model_tok):
         suite.run(model, tok, lengths=[800], budgets=[128], task_names=["passkey"], seeds=1, selectors=["bogus"])
     with pytest.raises(ValueError, match="unknown task"):
         suite.run(model, tok, lengths=[800], budgets=[128], task_names=["nope"], seeds=1, selectors=["locks"])
+
+
+def test_prompts_file_round_trip_and_refusals(model_tok, tmp_path):
+    import json
+
+    _, tok = model_tok
+    items = suite.make_prompts(tok, lengths=[300], task_names=["passkey", "vt"], seeds=2)
+    assert [(x["task"], x["seed"]) for x in items] == [("passkey", 0), ("passkey", 1), ("vt", 0), ("vt", 1)]
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(items))
+    got = suite.load_prompts(str(path))
+    again = suite.GENERATORS["passkey"][0](tok, 300, seed=1)
+    assert got[("passkey", 300, 1)] == again  # the same prompt and answers as generating here
+    assert got[("vt", 300, 0)].score(" ".join(got[("vt", 300, 0)].answers)) == 1.0
+    with pytest.raises(ValueError, match="no prompt for"):  # before any model call
+        suite.run(None, tok, lengths=[300], budgets=[64], selectors=["locks"], task_names=["passkey"], seeds=3,
+                  prompts=got, progress=lambda s: None)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"task": "passkey", "length": 300}]))
+    with pytest.raises(ValueError, match="not a prompts file"):
+        suite.load_prompts(str(bad))
