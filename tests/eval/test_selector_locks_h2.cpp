@@ -38,11 +38,37 @@ TEST(LocksH2, ShortContextFallsBackToFlatLocks) {
 }
 
 TEST(LocksH2, NeedlesWithinOneHundredthOfFlatAndFewerBytes) {
-  // 16K tokens of needles: 32 complete groups of 32 pages, single planted keys that a
-  // centroid-only level 1 misses (measured: recall 0.004 against 0.93); the extent keeps them.
+  // 16K tokens of needles: 32 complete groups of 32 pages, so level 1 chooses 8 of them at
+  // budget 128 (8 page slots). Head_dim 64 and one KV head keep it quick enough for the
+  // sanitizer build (measured: flat 0.936, two-level 0.936).
+  auto l = test::synth_layer(SynthKind::needles, 16384, 1, 4, 64, 4);
+  EvalConfig cfg;
+  cfg.budgets = {128};
+  cfg.methods = {"locks_quant", "locks_h2"};
+  EvalResult r;
+  r.methods = cfg.methods;
+  eval_layer(l.ctx(), 0, cfg, r);
+  aggregate(r);
+  ASSERT_EQ(r.table.size(), 2u);
+  const Aggregate& flat = r.table[0];
+  const Aggregate& two = r.table[1];
+  EXPECT_GT(flat.recall_mean, 0.5);  // the needles hold the mass
+  EXPECT_GE(two.recall_mean, flat.recall_mean - 0.01);
+  EXPECT_LT(two.bytes_per_step, flat.bytes_per_step);
+}
+
+TEST(LocksH2, CentroidOnlyLevelOneLosesPlantedKeys) {
+#ifdef LOCKS_SANITIZED
+  // 16K tokens x 2 KV heads at head_dim 128 through three selectors: ~3 s optimised, ~160 s
+  // under ASan; the two-level path is sanitized by the test above.
+  GTEST_SKIP() << "a quality property at full size; runs in the optimised build";
+#endif
+  // The losing design, kept as a variant: single planted keys diluted in their page's
+  // centroid, which a centroid-only level 1 misses (measured: recall 0.004 against 0.93);
+  // the extent keeps them.
   auto l = test::synth_layer(SynthKind::needles, 16384, 2, 8, 128, 4);
   EvalConfig cfg;
-  cfg.budgets = {128};  // 8 page slots: 8 of the 32 groups kept
+  cfg.budgets = {128};
   cfg.methods = {"locks_quant", "locks_h2", "h2-cen"};
   EvalResult r;
   r.methods = cfg.methods;
@@ -52,10 +78,8 @@ TEST(LocksH2, NeedlesWithinOneHundredthOfFlatAndFewerBytes) {
   const Aggregate& flat = r.table[0];
   const Aggregate& two = r.table[1];
   const Aggregate& centroid_only = r.table[2];
-  EXPECT_GT(flat.recall_mean, 0.5);  // the needles hold the mass
+  EXPECT_GT(flat.recall_mean, 0.5);
   EXPECT_GE(two.recall_mean, flat.recall_mean - 0.01);
-  EXPECT_LT(two.bytes_per_step, flat.bytes_per_step);
-  // The losing design, kept as a variant: dilution of one key in its page's centroid.
   EXPECT_LT(centroid_only.recall_mean, 0.5 * flat.recall_mean);
 }
 

@@ -7,12 +7,21 @@ import pytest
 
 
 def test_library_does_not_import_the_lab():
-    code = "import sys, locks, locks.ops; print(any(m.startswith('locks_lab') for m in sys.modules))"
+    # One interpreter (importing torch costs seconds): the library alone loads no locks_lab
+    # module, and the lab's modules are not importable as locks.<name>.
+    code = """
+import importlib, sys
+import locks, locks.ops
+print(any(m.startswith("locks_lab") for m in sys.modules))
+for name in ("study", "tasks", "capture", "corpus", "evaluate", "cli"):
+    try:
+        importlib.import_module("locks." + name)
+        print("importable", name)
+    except ImportError:
+        pass
+"""
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip() == "False"
-    for name in ("study", "tasks", "capture", "corpus", "evaluate", "cli"):
-        r = subprocess.run([sys.executable, "-c", f"import locks.{name}"], capture_output=True)
-        assert r.returncode != 0, f"locks.{name} should live in locks_lab"
+    assert r.stdout.split() == ["False"], f"lab modules loaded or living in locks: {r.stdout}"
 
 
 def test_lab_cli_help_lists_its_jobs():

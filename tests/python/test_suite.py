@@ -67,13 +67,20 @@ def test_attended_table():
     assert "| locks | 60 |" in t and "| locks-tau0.9 | 25 |" in t
 
 
+# 4,000 tokens where a length bug was found (the needles' filler stopped at a 9,000-character
+# table of the info manuals; man-page QA stopped at the first page that did not fit); the
+# tasks with uniform filler only at 1,500 (CI time).
+LONG_CHECK = ("mk_needle", "mv_needle", "mq_needle", "manpage_qa")
+
+
 def test_every_task_prompt_has_the_requested_length_and_scores(model_tok):
-    """Each task of the suite at 1,500 and 4,000 tokens of the model's tokenizer (+-5%), and
-    its scoring needs no model: its answers score 1, an empty output 0."""
+    """Each task of the suite at 1,500 tokens of the model's tokenizer (+-5%), and at 4,000
+    those of LONG_CHECK, and its scoring needs no model: its answers score 1, an empty
+    output 0."""
     _, tok = model_tok
     for name, (gen, new_tokens) in suite.GENERATORS.items():
         assert new_tokens >= 12
-        for n in (1500, 4000):
+        for n in (1500, 4000) if name in LONG_CHECK else (1500,):
             task = gen(tok, n, seed=1)
             got = len(tok(task.prompt, add_special_tokens=False).input_ids)
             assert abs(got - n) <= 0.05 * n, (name, n, got)
