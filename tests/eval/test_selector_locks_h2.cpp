@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "eval_test_util.h"
 #include "locks/error.h"
@@ -37,24 +39,29 @@ TEST(LocksH2, ShortContextFallsBackToFlatLocks) {
   EXPECT_DOUBLE_EQ(two->scoring_bytes_at(ctx, cfg), flat->scoring_bytes_per_step(ctx));
 }
 
-TEST(LocksH2, NeedlesWithinOneHundredthOfFlatAndFewerBytes) {
-  // 16K tokens of needles: 32 complete groups of 32 pages, so level 1 chooses 8 of them at
-  // budget 128 (8 page slots). Head_dim 64 and one KV head keep it quick enough for the
-  // sanitizer build (measured: flat 0.936, two-level 0.936).
-  auto l = test::synth_layer(SynthKind::needles, 16384, 1, 4, 64, 4);
+// 16K tokens of needles (32 complete groups of 32 pages; budget 128 = 8 page slots, so level
+// 1 keeps 8 groups) through `methods`: one Aggregate per method, in order.
+std::vector<Aggregate> needles_16k(int kv_heads, int q_heads, int head_dim,
+                                   std::vector<std::string> methods) {
+  auto l = test::synth_layer(SynthKind::needles, 16384, kv_heads, q_heads, head_dim, 4);
   EvalConfig cfg;
   cfg.budgets = {128};
-  cfg.methods = {"locks_quant", "locks_h2"};
+  cfg.methods = methods;
   EvalResult r;
-  r.methods = cfg.methods;
+  r.methods = methods;
   eval_layer(l.ctx(), 0, cfg, r);
   aggregate(r);
-  ASSERT_EQ(r.table.size(), 2u);
-  const Aggregate& flat = r.table[0];
-  const Aggregate& two = r.table[1];
-  EXPECT_GT(flat.recall_mean, 0.5);  // the needles hold the mass
-  EXPECT_GE(two.recall_mean, flat.recall_mean - 0.01);
-  EXPECT_LT(two.bytes_per_step, flat.bytes_per_step);
+  return r.table;
+}
+
+TEST(LocksH2, NeedlesWithinOneHundredthOfFlatAndFewerBytes) {
+  // Head_dim 64 and one KV head keep it quick enough for the sanitizer build (measured: flat
+  // 0.936, two-level 0.936).
+  const auto t = needles_16k(1, 4, 64, {"locks_quant", "locks_h2"});
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_GT(t[0].recall_mean, 0.5);  // the needles hold the mass
+  EXPECT_GE(t[1].recall_mean, t[0].recall_mean - 0.01);
+  EXPECT_LT(t[1].bytes_per_step, t[0].bytes_per_step);
 }
 
 TEST(LocksH2, CentroidOnlyLevelOneLosesPlantedKeys) {
@@ -66,21 +73,11 @@ TEST(LocksH2, CentroidOnlyLevelOneLosesPlantedKeys) {
   // The losing design, kept as a variant: single planted keys diluted in their page's
   // centroid, which a centroid-only level 1 misses (measured: recall 0.004 against 0.93);
   // the extent keeps them.
-  auto l = test::synth_layer(SynthKind::needles, 16384, 2, 8, 128, 4);
-  EvalConfig cfg;
-  cfg.budgets = {128};
-  cfg.methods = {"locks_quant", "locks_h2", "h2-cen"};
-  EvalResult r;
-  r.methods = cfg.methods;
-  eval_layer(l.ctx(), 0, cfg, r);
-  aggregate(r);
-  ASSERT_EQ(r.table.size(), 3u);
-  const Aggregate& flat = r.table[0];
-  const Aggregate& two = r.table[1];
-  const Aggregate& centroid_only = r.table[2];
-  EXPECT_GT(flat.recall_mean, 0.5);
-  EXPECT_GE(two.recall_mean, flat.recall_mean - 0.01);
-  EXPECT_LT(centroid_only.recall_mean, 0.5 * flat.recall_mean);
+  const auto t = needles_16k(2, 8, 128, {"locks_quant", "locks_h2", "h2-cen"});
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_GT(t[0].recall_mean, 0.5);
+  EXPECT_GE(t[1].recall_mean, t[0].recall_mean - 0.01);
+  EXPECT_LT(t[2].recall_mean, 0.5 * t[0].recall_mean);
 }
 
 }  // namespace
