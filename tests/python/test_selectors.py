@@ -103,30 +103,20 @@ def test_quest_bound_is_an_upper_bound_of_the_largest_logit():
     assert torch.allclose(b2, l2.amax(-1), atol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                   max_position_embeddings=1024)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 @torch.inference_mode()
 @pytest.mark.parametrize("selector", sel.SELECTORS)
-def test_every_selector_generates_and_is_exact_when_the_budget_covers(tiny, selector):
+def test_every_selector_generates_and_is_exact_when_the_budget_covers(tiny_llama, selector):
     from locks import hf
 
     ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
-    want = tiny.generate(ids, max_new_tokens=6, do_sample=False)
+    want = tiny_llama.generate(ids, max_new_tokens=6, do_sample=False)
     try:
-        hf.enable(tiny, budget=1024, selector=selector, precision="fp32")
-        assert torch.equal(tiny.generate(ids, max_new_tokens=6, do_sample=False), want)
-        hf.enable(tiny, budget=64, selector=selector, precision="fp32")
-        kw = hf.cache_kwarg(tiny)
-        cache = hf.LocksCache(tiny.config, tiny.locks_config)
-        out = tiny.generate(ids, max_new_tokens=6, do_sample=False, **{kw: cache})
+        hf.enable(tiny_llama, budget=1024, selector=selector, precision="fp32")
+        assert torch.equal(tiny_llama.generate(ids, max_new_tokens=6, do_sample=False), want)
+        hf.enable(tiny_llama, budget=64, selector=selector, precision="fp32")
+        kw = hf.cache_kwarg(tiny_llama)
+        cache = hf.LocksCache(tiny_llama.config, tiny_llama.locks_config)
+        out = tiny_llama.generate(ids, max_new_tokens=6, do_sample=False, **{kw: cache})
         assert out.shape == want.shape
         counts = cache.layers[0].last_counts
         if selector == "fullkv":
@@ -134,6 +124,6 @@ def test_every_selector_generates_and_is_exact_when_the_budget_covers(tiny, sele
         else:
             assert int(counts.max()) == 64 // 16  # budget 64 of 305 tokens: 4 pages
     finally:
-        hf.disable(tiny)
+        hf.disable(tiny_llama)
     with pytest.raises(ValueError, match="selector"):
-        hf.enable(tiny, budget=64, selector="shadow_kv")
+        hf.enable(tiny_llama, budget=64, selector="shadow_kv")

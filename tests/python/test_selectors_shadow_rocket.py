@@ -275,19 +275,9 @@ def test_bad_rocket_dims():
 
 # -- through the drop-in ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                   max_position_embeddings=1024)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["shadowkv", "rocketkv"])
-def test_drop_in_ragged_batch_and_state(tiny, name):
+def test_drop_in_ragged_batch_and_state(tiny_llama, name):
     from locks import hf
 
     g = torch.Generator().manual_seed(2)
@@ -295,11 +285,11 @@ def test_drop_in_ragged_batch_and_state(tiny, name):
     ids = torch.cat([a, torch.cat([torch.zeros(1, 70, dtype=torch.long), b], 1)])
     mask = torch.cat([torch.ones(1, 300, dtype=torch.long), torch.cat([torch.zeros(1, 70, dtype=torch.long),
                                                                       torch.ones(1, 230, dtype=torch.long)], 1)])
-    kw = hf.cache_kwarg(tiny)
+    kw = hf.cache_kwarg(tiny_llama)
     try:
-        hf.enable(tiny, budget=64, selector=name, precision="fp32", obs_window=8)
-        cache = hf.LocksCache(tiny.config, tiny.locks_config)
-        out = tiny.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+        hf.enable(tiny_llama, budget=64, selector=name, precision="fp32", obs_window=8)
+        cache = hf.LocksCache(tiny_llama.config, tiny_llama.locks_config)
+        out = tiny_llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
                             pad_token_id=0, **{kw: cache})
         assert out.shape == (2, 305)
         layer = cache.layers[0]
@@ -311,11 +301,11 @@ def test_drop_in_ragged_batch_and_state(tiny, name):
             assert torch.isfinite(snap[0, :, :300 // 16]).all() and torch.isinf(snap[0, :, 300 // 16:]).all()
             assert torch.isfinite(snap[1, :, :230 // 16]).all() and torch.isinf(snap[1, :, 230 // 16:]).all()
         # the rows decode as they would alone
-        solo = tiny.generate(input_ids=b, attention_mask=torch.ones_like(b), max_new_tokens=5, do_sample=False,
-                             pad_token_id=0, **{kw: hf.LocksCache(tiny.config, tiny.locks_config)})
+        solo = tiny_llama.generate(input_ids=b, attention_mask=torch.ones_like(b), max_new_tokens=5, do_sample=False,
+                             pad_token_id=0, **{kw: hf.LocksCache(tiny_llama.config, tiny_llama.locks_config)})
         assert torch.equal(out[1, 70:], solo[0])
     finally:
-        hf.disable(tiny)
+        hf.disable(tiny_llama)
 
 
 @pytest.mark.parametrize("bad,err", [
@@ -333,19 +323,19 @@ def test_bad_options(bad, err):
 
 
 @torch.inference_mode()
-def test_rocket_dims_beyond_head_dim_is_a_clear_error(tiny):
+def test_rocket_dims_beyond_head_dim_is_a_clear_error(tiny_llama):
     from locks import hf
 
     ids = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(1))
     try:
-        hf.enable(tiny, budget=64, selector="rocketkv", rocket_dims=33)
+        hf.enable(tiny_llama, budget=64, selector="rocketkv", rocket_dims=33)
         with pytest.raises(ValueError, match="rocket_dims"):
-            tiny.generate(ids, max_new_tokens=2, do_sample=False)
+            tiny_llama.generate(ids, max_new_tokens=2, do_sample=False)
     finally:
-        hf.disable(tiny)
+        hf.disable(tiny_llama)
 
 
-# -- against the C++ harness (locks eval) on a tiny synthetic capture ---------------------------
+# -- against the C++ harness (locks eval) on a tiny_llama synthetic capture ---------------------------
 
 def _locks_cli():
     import os
@@ -422,13 +412,13 @@ def test_recall_equals_the_harness_on_a_tiny_capture(tmp_path):
 
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["shadowkv", "rocketkv"])
-def test_kept_page_statistics_select_as_recomputed(tiny, name, monkeypatch):
+def test_kept_page_statistics_select_as_recomputed(tiny_llama, name, monkeypatch):
     """The drop-in keeps the full pages' landmarks / cosines / min-max until a page fills:
     the same selections as recomputing them from the keys every step (decode fills pages)."""
     from locks import hf
 
     ids = torch.randint(0, 256, (2, 290), generator=torch.Generator().manual_seed(3))
-    kw = hf.cache_kwarg(tiny)
+    kw = hf.cache_kwarg(tiny_llama)
     original_select, original_options = sel.select, hf.LocksLayer._selector_options
 
     def run(fresh: bool):
@@ -446,16 +436,16 @@ def test_kept_page_statistics_select_as_recomputed(tiny, name, monkeypatch):
 
         monkeypatch.setattr(sel, "select", recording)
         monkeypatch.setattr(hf.LocksLayer, "_selector_options", options)
-        out = tiny.generate(ids, max_new_tokens=24, do_sample=False,
-                            **{kw: hf.LocksCache(tiny.config, tiny.locks_config)})
+        out = tiny_llama.generate(ids, max_new_tokens=24, do_sample=False,
+                            **{kw: hf.LocksCache(tiny_llama.config, tiny_llama.locks_config)})
         return out, got
 
     try:
-        hf.enable(tiny, budget=64, selector=name, precision="fp32", shadow_outlier_share=0.25)
+        hf.enable(tiny_llama, budget=64, selector=name, precision="fp32", shadow_outlier_share=0.25)
         kept, a = run(False)
         again, b = run(True)
     finally:
-        hf.disable(tiny)
+        hf.disable(tiny_llama)
     assert torch.equal(kept, again)
     assert len(a) == len(b) == 2 * 23  # both layers, every decode step (the first token: the prefill)
     for (p1, c1), (p2, c2) in zip(a, b):
