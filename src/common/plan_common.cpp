@@ -127,12 +127,17 @@ void check_run_summary(const DecodePlan& plan, const SummaryLayout& S, const cha
          precision_name(P.precision), ", basis_group ", P.basis_group, ")");
 }
 
-void check_run_super(const DecodePlan& plan, const SuperLayout& U, const char* where) {
+void check_run_super(const DecodePlan& plan, const SuperLayout& U, const SuperTableView& table,
+                     const char* where) {
   const SuperLayout& P = plan.params.super;
   if (U.group_pages != P.group_pages || U.page_size != P.page_size ||
       U.num_kv_heads != P.num_kv_heads || U.head_dim != P.head_dim || U.rank != P.rank ||
       U.extent != P.extent || U.num_slots != P.num_slots)
     fail(where, "super layout differs from the planned one");
+  if (table.table == nullptr || table.max_groups_per_seq < plan.max_groups ||
+      table.stride < table.max_groups_per_seq)
+    fail(where, "super table is null or holds ", table.max_groups_per_seq,
+         " groups a sequence (stride ", table.stride, "), the plan needs ", plan.max_groups);
 }
 
 void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where) {

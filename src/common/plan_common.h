@@ -36,8 +36,10 @@ void check_run_batch(const DecodePlan& plan, const BatchView& batch, const char*
 void check_run_cache(const DecodePlan& plan, const CacheLayout& cache, const char* where);
 void check_run_summary(const DecodePlan& plan, const SummaryLayout& summary, const char* where);
 void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where);
-// Two-level runs: the super summaries' layout is the planned one (plan.params.super).
-void check_run_super(const DecodePlan& plan, const SuperLayout& supers, const char* where);
+// Two-level runs: the super summaries' layout is the planned one (plan.params.super) and the
+// super table holds the plan's groups a sequence.
+void check_run_super(const DecodePlan& plan, const SuperLayout& supers,
+                     const SuperTableView& super_table, const char* where);
 template <typename T>
 T* region_ptr(const Workspace& ws, const WorkspaceRegion& r) {
   return reinterpret_cast<T*>(static_cast<char*>(ws.data) + r.offset);

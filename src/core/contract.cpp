@@ -157,12 +157,7 @@ void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& c
   detail::check_run_summary(plan, summaries.layout, __func__);
   detail::check_run_query(plan, q, __func__);
   const DecodeParams& p = plan.params;
-  detail::check_run_super(plan, supers.layout, __func__);
-  LOCKS_REQUIRE(super_table.table != nullptr && super_table.max_groups_per_seq >= plan.max_groups &&
-                    super_table.stride >= super_table.max_groups_per_seq,
-                "super table is null or holds ", super_table.max_groups_per_seq,
-                " groups a sequence (stride ", super_table.stride, "), the plan needs ",
-                plan.max_groups);
+  detail::check_run_super(plan, supers.layout, super_table, __func__);
   validate_cache(cache);
   detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, __func__);
   LOCKS_REQUIRE(out.out != nullptr, "out.out is null");

@@ -290,18 +290,13 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
                 "selection_out is null or its capacity ", sel.capacity, " differs from the plan's ",
                 plan.capacity);
   const DecodeParams& p = plan.params;
-  locks::detail::check_run_super(plan, supers.layout, __func__);
+  locks::detail::check_run_super(plan, supers.layout, super_table, __func__);
   const SuperLayout& U = supers.layout;
   LOCKS_REQUIRE(supers.mu_q && supers.mu_scale && supers.basis_q && supers.basis_scale &&
                     supers.coord_q && supers.coord_scale && supers.radius_q &&
                     supers.radius_scale &&
                     (!U.extent || (supers.lo_q && supers.hi_q && supers.extent_scale)),
                 "super summary arrays are null");
-  LOCKS_REQUIRE(super_table.table != nullptr && super_table.max_groups_per_seq >= plan.max_groups &&
-                    super_table.stride >= super_table.max_groups_per_seq,
-                "super table is null or holds ", super_table.max_groups_per_seq,
-                " groups a sequence (stride ", super_table.stride, "), the plan needs ",
-                plan.max_groups);
   const int B = batch.batch_size, Hkv = p.cache.num_kv_heads, Hq = p.num_q_heads;
   const int P = p.cache.page_size, S = p.super.group_pages, Lc = plan.list_cap;
   const SuperTableView table{super_table.table, super_table.stride, plan.max_groups};
