@@ -102,10 +102,8 @@ def cmd_suite(args) -> int:
     from . import suite
 
     names = list(suite.GENERATORS) if args.tasks == "all" else args.tasks.split(",")
-    unknown = [t for t in names if t not in suite.GENERATORS]
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown} (known: {', '.join(suite.GENERATORS)})")
-    for m in args.selectors.split(","):  # before the model loads
+    suite.check_tasks(names)  # tasks and selectors checked before the model loads
+    for m in args.selectors.split(","):
         suite.parse_method(m)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     meta = dict(model=args.model, device=args.device, dtype=args.dtype, lengths=ints(args.lengths),

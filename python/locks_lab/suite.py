@@ -93,11 +93,16 @@ def _generate(model, ids, cache, max_new_tokens, pad_id, processors=()):
     return out[0, ids.shape[1]:]
 
 
-def make_prompts(tok, *, lengths, task_names, seeds) -> list[dict]:
-    """Every (task, length, seed) prompt with its answers, as JSON-ready dicts."""
+def check_tasks(task_names) -> None:
+    """ValueError naming the tasks that are not in GENERATORS."""
     unknown = [t for t in task_names if t not in GENERATORS]
     if unknown:
         raise ValueError(f"locks_lab suite: unknown task(s) {unknown} (known: {', '.join(GENERATORS)})")
+
+
+def make_prompts(tok, *, lengths, task_names, seeds) -> list[dict]:
+    """Every (task, length, seed) prompt with its answers, as JSON-ready dicts."""
+    check_tasks(task_names)
     out = []
     for name in task_names:
         for n in lengths:
@@ -126,9 +131,7 @@ def run(model, tok, *, lengths, budgets, selectors, task_names, seeds, progress=
     ("fullkv" is skipped: the reference row is always there). checkpoint: a path where the
     rows so far are written (JSON) after each prompt, so a long run that stops keeps them."""
     locks_kwargs = dict(locks_kwargs or {})
-    unknown = [t for t in task_names if t not in GENERATORS]
-    if unknown:
-        raise ValueError(f"locks_lab suite: unknown task(s) {unknown} (known: {', '.join(GENERATORS)})")
+    check_tasks(task_names)
     if prompts is not None:
         missing = [(t, n, s) for t in task_names for n in lengths for s in range(seeds) if (t, n, s) not in prompts]
         if missing:
