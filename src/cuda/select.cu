@@ -65,7 +65,8 @@ __device__ int adaptive_slots(KeyFn key_of, int n, int hi, const float* s, const
     if (m == 0) return double(fixed);
     uint32_t T = 0;
     int need_eq = 0;
-    radix_threshold(key_of, n, m, sm, T, need_eq);  // 1 <= m < hi <= valid candidates
+    // 1 <= m < hi <= valid candidates; T's value is read below
+    radix_threshold(key_of, n, m, sm, T, need_eq, Threshold::key);
     float part = 0;
     for (int e = threadIdx.x; e < n; e += kThreads) {
       bool valid;

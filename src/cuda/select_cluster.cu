@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     return keys[e];
   };
 
-  // 3. Radix select over the row: the slots-th largest key T and how many keys == T to take.
+  // 3. Radix select over the row: T and how many keys == T to take (Threshold::bound: the
+  // passes stop once the current bin is taken whole).
   const bool take_all = n_cand <= slots;
   uint32_t T = 0;
   int need_eq = 0;
@@ -152,7 +153,10 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       prefix |= sm.digit << shift;
       mask |= 255u << shift;
       remaining = sm.remaining;
+      // Every block summed the same counts: the stop is cluster-uniform (Threshold::bound).
+      const bool stop = sm.whole;
       __syncthreads();
+      if (stop) break;
     }
     T = prefix;
     need_eq = remaining;

@@ -45,12 +45,13 @@ struct SelectSmem {
   uint32_t hist[256];
   uint32_t digit;
   int remaining;
+  int whole;  // the digit's bin is taken whole (its count == remaining): no lower digit matters
   uint32_t carry_gt, carry_eq;
 };
 
 // Warp 0: the digit of hist (256 bins, counts of the current pass) where the count from the
-// top reaches `remaining`, and what remains of it inside that digit (to sm.digit /
-// sm.remaining; the caller syncs).
+// top reaches `remaining`, what remains of it inside that digit, and whether that is the
+// whole bin (to sm.digit / sm.remaining / sm.whole; the caller syncs).
 __device__ __forceinline__ void find_digit(const uint32_t* hist, int remaining, SelectSmem& sm) {
   if (threadIdx.x < 32) {          // warp 0: find the digit where the count from the top reaches
     const int lane = threadIdx.x;  // `remaining`; lane l owns digits 255-8l .. 248-8l
@@ -75,6 +76,7 @@ __device__ __forceinline__ void find_digit(const uint32_t* hist, int remaining, 
         if (acc + c[x] >= uint32_t(remaining)) {
           sm.digit = uint32_t(255 - 8 * lane - x);
           sm.remaining = remaining - int(acc);
+          sm.whole = c[x] == uint32_t(remaining) - acc;
           break;
         }
         acc += c[x];
@@ -99,11 +101,18 @@ __device__ __forceinline__ void count_digits(KeyFn key_of, int n, uint32_t prefi
   }
 }
 
-// Block-wide: the m-th largest key among valid elements (1 <= m < valid count) and the
-// number of elements equal to it that belong to the top m.
+// What radix_threshold's T must be. `bound`: any T that splits the top m as "keys > T, then
+// need_eq keys == T in index order" — the passes stop as soon as the bin of the current digit
+// is taken whole (T = its prefix, lower digits 0; every key of the bin is > T or == T, and all
+// need_eq = bin-count of them are taken), which on continuous scores saves the last one or
+// two of the four passes and selects the same set. `key`: T is the m-th largest key itself
+// (callers that read its value, e.g. the adaptive budget's mass of the top m).
+enum class Threshold { bound, key };
+
+// Block-wide: T and need_eq as above for the m largest valid keys (1 <= m < valid count).
 template <typename KeyFn>
 __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
-                                int& need_eq) {
+                                int& need_eq, Threshold want = Threshold::bound) {
   uint32_t prefix = 0, mask = 0;
   int remaining = m;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -116,7 +125,9 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
     prefix |= sm.digit << shift;
     mask |= 255u << shift;
     remaining = sm.remaining;
+    const bool stop = want == Threshold::bound && sm.whole;  // block-uniform
     __syncthreads();
+    if (stop) break;
   }
   T = prefix;
   need_eq = remaining;

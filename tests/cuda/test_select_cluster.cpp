@@ -1,7 +1,8 @@
 // The one-launch aggregation + selection (select_cluster.cu) against the separate
 // aggregation and two-stage selection on the same head scores and scoring partials: the
 // same group scores bit for bit, the same page lists and counts, for every cluster size
-// that can hold the sequences, on exact ties (four score levels), continuous scores,
+// that can hold the sequences, on exact ties (four score levels), continuous scores, top
+// pages in a key bin of their own (the radix passes stop early),
 // budgets below / at / above the candidates, budgets that leave no slot, sequences longer
 // than one selection chunk, the 16 x 4096-page maximum and untrusted lengths.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "gpu_helpers.h"
 #include "locks/cuda/decoder.h"
 #include "locks/error.h"
+#include "locks/rules.h"
 #include "locks/select.h"
 
 namespace locks::cuda_test {
@@ -23,12 +25,22 @@ struct ClusterCase {
   int Hkv, G;
   std::vector<int64_t> lens;  // -1: an untrusted length past the block-table row (M P + 3)
   SelectConfig sel;
-  bool ties;  // four score levels (massive exact ties) or continuous scores
+  enum Scores {
+    cont,
+    ties,
+    bands
+  } scores;  // continuous; four levels (massive exact ties);
+             // each row's top `slots` pages in a bin of their
+             // own at the key's first or second digit (the
+             // radix passes stop early, Threshold::bound)
 };
 
 std::string name(const ClusterCase& c) {
   return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_b" +
-         std::to_string(c.sel.budget_tokens) + (c.ties ? "_ties" : "_cont");
+         std::to_string(c.sel.budget_tokens) +
+         (c.scores == ClusterCase::ties    ? "_ties"
+          : c.scores == ClusterCase::bands ? "_bands"
+                                           : "_cont");
 }
 
 struct Outputs {
@@ -82,13 +94,30 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
   std::mt19937 rng(uint32_t(c.lens[0] + c.G));
   std::uniform_real_distribution<float> U(-12.0f, 2.0f);
   std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
+  std::uniform_real_distribution<float> low(1.0f, 1.2f), high(1.5f, 1.503f);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < c.Hkv; ++h)
-      for (int64_t j = 0; j < std::min(M, len64[size_t(b)] / P); ++j) {
+    for (int h = 0; h < c.Hkv; ++h) {
+      const int64_t full = std::min(M, len64[size_t(b)] / P);
+      // bands: the rule's candidates and slots for this sequence (select.h), `slots` of the
+      // candidates hot, in [64, 127) over [-12, 2) (first digit) or in [1.5, 1.503) over
+      // [1, 1.2) (second digit), alternating by row; equal across the group's heads.
+      const int sink_end = int(std::min<int64_t>(c.sel.sink_pages, full));
+      const int recent_start = int(std::max<int64_t>(full - c.sel.recent_pages, sink_end));
+      const int slots = int(rules::budget_pages(c.sel.budget_tokens, P)) -
+                        int(full * P < len64[size_t(b)]) - sink_end - (int(full) - recent_start);
+      const bool first = (b + h) % 2 == 0;
+      for (int64_t j = 0; j < full; ++j) {
+        const bool hot = j >= sink_end && j < recent_start && int(j - sink_end) % 3 == 0 &&
+                         int(j - sink_end) / 3 < slots;
         const float tie = float(int(rng() % 4)) * 0.25f - 9.0f;
+        const float band = first ? (hot ? 64.0f + 63.0f * (U(rng) + 12.0f) / 14.0f : U(rng))
+                                 : (hot ? high(rng) : low(rng));
         for (int g = 0; g < c.G; ++g)
-          hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.ties ? tie : U(rng);
+          hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.scores == ClusterCase::ties    ? tie
+                                                       : c.scores == ClusterCase::bands ? band
+                                                                                        : U(rng);
       }
+    }
 
   auto run = [&](int cluster, bool fused) {
     cuda::Plan plan{L, Hq, B, int(M), DecodeConfig{c.sel, 0.0f}};
@@ -154,16 +183,20 @@ const std::vector<int64_t> kLong = {16 * 9000 + 5, 16 * 4097, 16 * 4096, 300};
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, SelectClusterTest,
-    ::testing::Values(ClusterCase{2, 4, kLong, {1024, 2, 3}, true},
-                      ClusterCase{2, 4, kLong, {1024, 2, 3}, false},
-                      ClusterCase{1, 16, kShort, {512, 1, 2}, true},
-                      ClusterCase{1, 16, kShort, {512, 1, 2}, false},
-                      ClusterCase{4, 1, kShort, {2048, 0, 0}, false},
-                      ClusterCase{1, 32, kShort, {16 * 140, 1, 1}, true},
-                      ClusterCase{3, 7, kShort, {48, 1, 1}, false},         // no slot left
-                      ClusterCase{2, 3, kShort, {16 * 4000, 1, 2}, false},  // all pages
-                      ClusterCase{1, 8, {16 * 65536, 16 * 3000 + 1}, {2048, 1, 2}, true},
-                      ClusterCase{1, 8, {16 * 65536 - 5}, {2048, 1, 2}, false}),
+    ::testing::Values(
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::ties},
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::cont},
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::bands},
+        ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::ties},
+        ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::cont},
+        ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::bands},
+        ClusterCase{4, 1, kShort, {2048, 0, 0}, ClusterCase::cont},
+        ClusterCase{1, 32, kShort, {16 * 140, 1, 1}, ClusterCase::ties},
+        ClusterCase{3, 7, kShort, {48, 1, 1}, ClusterCase::cont},         // no slot left
+        ClusterCase{2, 3, kShort, {16 * 4000, 1, 2}, ClusterCase::cont},  // all
+        ClusterCase{1, 8, {16 * 65536, 16 * 3000 + 1}, {2048, 1, 2}, ClusterCase::ties},
+        ClusterCase{1, 8, {16 * 65536 - 5}, {2048, 1, 2}, ClusterCase::cont},
+        ClusterCase{1, 8, {16 * 65536 - 5, 16 * 3000}, {2048, 1, 2}, ClusterCase::bands}),
     [](const ::testing::TestParamInfo<ClusterCase>& i) {
       return name(i.param) + "_" + std::to_string(i.index);
     });
