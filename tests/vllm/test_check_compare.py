@@ -1,6 +1,7 @@
 """compare_greedy (locks.vllm.check): the pass rule of the H200 correctness run, token identity
 or, at each sequence's first divergence, a numerical tie of the reference's top two tokens."""
-from locks.vllm.check import TIE_NATS, compare_greedy, noise_floor, within_noise_floor
+from locks.vllm.check import (TIE_NATS, compare_greedy, config_noise_floor, noise_floor,
+                              within_noise_floor)
 
 
 def run(tokens, logprobs=None):
@@ -46,3 +47,13 @@ def test_noise_floor_is_the_widest_triton_margin_and_bounds_the_pass():
     outside = compare_greedy(run([[1, 2]], lp), run([[1, 5]]))  # not in the top-5: never a tie
     assert not within_noise_floor(outside, 10.0)
     assert within_noise_floor(compare_greedy(run([[1, 2]]), run([[1, 2]])), TIE_NATS)
+
+
+def test_a_configuration_floor_is_the_widest_over_its_runs():
+    # 2026-12-02 on the H200: TRITON_ATTN parted from FLASH_ATTN at 0.125 on the first pass of
+    # the ragged prompts and at 0.25 on their prefix-cache pass: 0.25 bounds both passes.
+    first, again = {"margins_at_divergence": [0.125, 0.125]}, {"margins_at_divergence": [0.0, 0.25]}
+    assert config_noise_floor([first, again]) == 0.25 == config_noise_floor([again, first])
+    assert config_noise_floor([first]) == 0.125
+    assert config_noise_floor([]) == TIE_NATS  # no run, no measured noise: the tie rule alone
+    assert config_noise_floor([{"margins_at_divergence": [None, 0.05]}]) == TIE_NATS
