@@ -4,6 +4,10 @@
 // float64 reference's selection of the same rows.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -132,5 +136,16 @@ inline SelectionBuf reference(const Rows& rows, SelectConfig sc, double tau, int
   ref::select_pages(gd.data(), rows.bv(), rows.H, rows.P, sc, s.sel);
   return s;
 }
+
+// A test over the backend of this binary, skipped where it is unavailable (no GPU).
+class SelectOnBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_backend();
+    const std::string why = be_->unavailable();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  std::unique_ptr<OpsBackend> be_;
+};
 
 }  // namespace locks::test

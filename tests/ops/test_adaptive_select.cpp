@@ -60,15 +60,7 @@ void expect_matches(Backend kind, const Rows& rows, const SelectConfig& sc, cons
     }
 }
 
-class AdaptiveSelect : public ::testing::Test {
- protected:
-  void SetUp() override {
-    be_ = make_backend();
-    const std::string why = be_->unavailable();
-    if (!why.empty()) GTEST_SKIP() << why;
-  }
-  std::unique_ptr<OpsBackend> be_;
-};
+using AdaptiveSelect = SelectOnBackend;
 
 TEST_F(AdaptiveSelect, MatchesReferenceOnHandMadeScores) {
   int rows_checked = 0, trimmed = 0;

@@ -114,15 +114,7 @@ Rows banded_rows(int M, Band band, const SelectConfig& sc, uint64_t seed, int& b
   return rows;
 }
 
-class SelectThreshold : public ::testing::Test {
- protected:
-  void SetUp() override {
-    be_ = make_backend();
-    const std::string why = be_->unavailable();
-    if (!why.empty()) GTEST_SKIP() << why;
-  }
-  std::unique_ptr<OpsBackend> be_;
-};
+using SelectThreshold = SelectOnBackend;
 
 TEST_F(SelectThreshold, BinsTakenWholeSelectTheReferencePages) {
   for (const int M : {300, 2200})
