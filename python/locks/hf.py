@@ -15,8 +15,8 @@
 
 Supported: decoder-only models whose attention modules call `cache.update(...)` and then the
 configured attention function with (module, query, key, value, attention_mask, scaling=...),
-with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, SmolLM2,
-...), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
+with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, OLMo-2, Granite,
+SmolLM2, ...: each checked exact at full budget in tests/python/test_hf_architectures.py), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
 Hybrid models (config.layer_types mixing "full_attention" and "sliding_attention", e.g.
 Gemma-3): LOCKS serves the full-attention layers; the sliding-window layers keep
 transformers' own cache layer (DynamicSlidingWindowLayer) and attention (SDPA under the
@@ -25,7 +25,10 @@ cheap to read, and selecting inside it would only lose accuracy.
 Refused with a clear error (ValueError; NotImplementedError for a shape the backend lacks):
 models whose every layer is sliding-window (no layer_types, sliding_window set), any other
 layer type (linear attention, SSM, chunked attention), encoder-decoder models, budgets below
-(sink + recent + 1) pages. Attention calls without a LocksCache
+(sink + recent + 1) pages, and attention that is not plain softmax attention over the cached
+keys — logit soft-capping (Gemma-2), learned attention sinks (gpt-oss), additive position
+biases (ALiBi), named in the config (at enable()) or passed to the attention call (at the first
+call of a LOCKS layer, before anything is cached). Attention calls without a LocksCache
 (a plain forward, a DynamicCache passed explicitly) fall back to dense SDPA with a warning.
 """
 from __future__ import annotations
@@ -482,6 +485,11 @@ def check_model_config(config, device=None, dtype=None, cfg: LocksConfig | None 
     elif getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
         raise ValueError(f"locks: model_type {text.model_type!r} uses sliding-window attention in "
                          f"every layer (sliding_window={text.sliding_window}); nothing for LOCKS to serve")
+    for field, what in CONFIG_FEATURES_NOT_SERVED:
+        if getattr(text, field, None):
+            raise ValueError(f"locks: model_type {text.model_type!r} uses {what} ({field}="
+                             f"{getattr(text, field)!r}); LOCKS's decode computes plain softmax "
+                             "attention, so it would silently change the model's outputs")
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if text.num_attention_heads % kv:
@@ -494,6 +502,34 @@ def check_model_config(config, device=None, dtype=None, cfg: LocksConfig | None 
 
 
 SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+# Attention that is not softmax(q k^T * scaling) v over the cached keys: LOCKS's decode (and
+# its page scores) would drop the extra term silently, so such models are refused. Config
+# fields (checked by enable()) and the attention-call arguments that carry them at run time
+# (checked on every LOCKS layer's call, for models whose config does not name them).
+CONFIG_FEATURES_NOT_SERVED = (("attn_logit_softcapping", "attention-logit soft-capping"),
+                              ("alibi", "ALiBi position biases"))
+CALL_FEATURES_NOT_SERVED = {"softcap": "attention-logit soft-capping",
+                            "s_aux": "learned attention sinks", "sinks": "learned attention sinks",
+                            "position_bias": "an additive position bias",
+                            "sliding_window": "a sliding window on a layer LOCKS serves"}
+
+
+# The ones transformers' SDPA function ignores (it raises on softcap itself and applies
+# position_bias): the sliding-window layers LOCKS hands to it must not carry them either.
+SDPA_IGNORES = ("s_aux", "sinks")
+
+
+def unserved_attention_features(kwargs: dict, keys=tuple(CALL_FEATURES_NOT_SERVED)) -> list[str]:
+    """The attention-call arguments among `keys` (CALL_FEATURES_NOT_SERVED) set in `kwargs`."""
+    return [f"{k} ({CALL_FEATURES_NOT_SERVED[k]})" for k in keys if kwargs.get(k) is not None]
+
+
+def _refuse(layer_idx: int, module, unserved: list[str]) -> None:
+    raise NotImplementedError(
+        f"locks: layer {layer_idx} ({type(module).__name__}) calls attention with "
+        f"{', '.join(unserved)}; under locks.hf.enable it would run as plain softmax attention "
+        "and silently change the outputs. Run this model without locks.hf.enable")
 
 
 def layer_kinds(text_config) -> list[str]:
@@ -537,8 +573,14 @@ def locks_attention_forward(module, query, key, value, attention_mask, dropout=0
                                       scaling=scaling, **kwargs)
     layer = cache.layers[layer_idx]
     if not isinstance(layer, LocksLayer):  # a sliding-window layer: the model's own attention
+        unserved = unserved_attention_features(kwargs, SDPA_IGNORES)
+        if unserved:
+            _refuse(layer_idx, module, unserved)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    unserved = unserved_attention_features(kwargs)
+    if unserved:  # before the prefill stores anything
+        _refuse(layer_idx, module, unserved)
     if layer.pending is not None:  # prefill: dense, then store the real tokens in pages
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
