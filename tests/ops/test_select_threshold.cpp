@@ -49,9 +49,10 @@ const char* band_name(Band b) {
   return "?";
 }
 
-// Scores of the hot pages and of the rest of a row, per band. 1.5 = 0x3fc00000: its key's
-// second digit differs from [1, 1.2)'s, and [1.5, 1.5 + 2^-9) shares 16 bits with it while
-// [1.5 + 2^-8, 1.5 + 2^-8 + 2^-9) differs at the third digit.
+// Scores of the hot pages and of the rest of a row, per band. 1.5 = 0x3fc00000 (key
+// 0xbfc00000): its key's second digit (0xc0) differs from [1, 1.2)'s (0x80-0x99), and
+// [1.5, 1.5 + 2^-10) (third digit 0x00-0x1f) shares 16 bits with
+// [1.5 + 2^-8, 1.5 + 2^-8 + 2^-10) (0x80-0x9f), which differs at the third digit.
 float hot_score(Band b, Rng& rng) {
   switch (b) {
     case Band::first_digit:
