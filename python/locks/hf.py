@@ -27,8 +27,9 @@ models whose every layer is sliding-window (no layer_types, sliding_window set),
 layer type (linear attention, SSM, chunked attention), encoder-decoder models, budgets below
 (sink + recent + 1) pages, and attention that is not plain softmax attention over the cached
 keys — logit soft-capping (Gemma-2), learned attention sinks (gpt-oss), additive position
-biases (ALiBi), named in the config (at enable()) or passed to the attention call (at the first
-call of a LOCKS layer, before anything is cached). Attention calls without a LocksCache
+biases (ALiBi), named in the config or declared by the model class (`_supports_sdpa = False`:
+Gemma-2 / -4, gpt-oss, ...) at enable(), or passed to the attention call (at the first call of a
+LOCKS layer, before anything is cached). Attention calls without a LocksCache
 (a plain forward, a DynamicCache passed explicitly) fall back to dense SDPA with a warning.
 """
 from __future__ import annotations
@@ -608,6 +609,12 @@ def enable(model, budget: int | None = 2048, **kwargs):
     cfg = LocksConfig(budget=budget, **kwargs)
     cfg.validate()
     check_model_config(model.config, model.device, model.dtype, cfg)
+    if getattr(model, "_supports_sdpa", True) is False:
+        # The prefill and the sliding-window layers run transformers' SDPA, and LOCKS's decode is
+        # plain softmax attention: a model whose authors declare SDPA wrong for it is not served.
+        raise ValueError(f"locks: {type(model).__name__} does not support SDPA attention "
+                         "(_supports_sdpa = False: its attention is not plain softmax attention), "
+                         "which LOCKS's prefill and decode assume")
     register()
     if not hasattr(model, "_locks_dense_impl"):
         model._locks_dense_impl = model.config._attn_implementation

@@ -1,8 +1,8 @@
 """The HF drop-in beyond Llama: the architectures its docstring names serve exactly when the
 budget covers the context (tiny random models, 2 layers, GQA 4/2, head_dim 32), and attention
 that is not plain softmax over the cached keys is refused instead of silently changed: logit
-soft-capping (Gemma-2) and ALiBi at enable(), learned attention sinks (gpt-oss) at the first
-attention call."""
+soft-capping (Gemma-2), ALiBi and classes that declare SDPA unsupported at enable(), learned
+attention sinks (gpt-oss) at the first attention call."""
 import pytest
 import torch
 
@@ -54,9 +54,13 @@ def test_softcapping_and_alibi_configs_are_refused_at_enable():
     assert not hasattr(gemma2, "locks_config")  # nothing changed on the model
 
 
-def test_learned_sinks_are_refused_at_the_first_attention_call():
+def test_learned_sinks_are_refused_at_enable_and_at_the_first_attention_call():
     model = tiny("GptOssConfig", "GptOssForCausalLM", num_local_experts=2, num_experts_per_tok=1,
                  sliding_window=32)
+    with pytest.raises(ValueError, match="does not support SDPA"):  # the class says so
+        hf.enable(model, budget=64)
+    # A model that claimed SDPA support but passed its sinks: refused at the call itself.
+    model._supports_sdpa = True
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
     try:
         hf.enable(model, budget=64)  # the config names no sinks: the call carries them
