@@ -16,7 +16,7 @@
 Supported: decoder-only models whose attention modules call `cache.update(...)` and then the
 configured attention function with (module, query, key, value, attention_mask, scaling=...),
 with RoPE applied before caching (Llama, Mistral without sliding window, Qwen2/3, OLMo-2, Granite,
-SmolLM2, ...: each checked exact at full budget in tests/python/test_hf_architectures.py), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
+Phi-3, Gemma, SmolLM2, ...: each checked exact at full budget in tests/python/test_hf_architectures.py), head_dim, GQA group, dtype as `locks.supports(device, ...)` answers for the device. transformers >= 5.0, < 6 (tested: see docs/python.md).
 Hybrid models (config.layer_types mixing "full_attention" and "sliding_attention", e.g.
 Gemma-3): LOCKS serves the full-attention layers; the sliding-window layers keep
 transformers' own cache layer (DynamicSlidingWindowLayer) and attention (SDPA under the

@@ -10,12 +10,12 @@ transformers = pytest.importorskip("transformers")
 from locks import hf  # noqa: E402
 
 SMALL = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, pad_token_id=0)
 
 
 def tiny(config_cls, model_cls, **extra):
     torch.manual_seed(0)
-    return getattr(transformers, model_cls)(getattr(transformers, config_cls)(**SMALL, **extra)).eval()
+    return getattr(transformers, model_cls)(getattr(transformers, config_cls)(**dict(SMALL, **extra))).eval()
 
 
 @pytest.mark.parametrize("config_cls, model_cls, extra", [
@@ -24,11 +24,15 @@ def tiny(config_cls, model_cls, **extra):
     ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
     ("Olmo2Config", "Olmo2ForCausalLM", {}),
     ("GraniteConfig", "GraniteForCausalLM", {"attention_multiplier": 0.05}),
-], ids=["qwen2", "qwen3", "mistral", "olmo2", "granite"])
+    ("Phi3Config", "Phi3ForCausalLM", {}),
+    ("GemmaConfig", "GemmaForCausalLM", {}),
+    # hybrid: 3 sliding-window layers (transformers' own) + 1 full-attention layer (LOCKS)
+    ("Cohere2Config", "Cohere2ForCausalLM", {"num_hidden_layers": 4}),
+], ids=["qwen2", "qwen3", "mistral", "olmo2", "granite", "phi3", "gemma", "cohere2"])
 def test_named_architectures_are_exact_when_the_budget_covers(config_cls, model_cls, extra):
     model = tiny(config_cls, model_cls, **extra)
-    ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
-    # an explicit mask: some configs' pad_token_id is a token of the random prompt
+    ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(1))
+    # an explicit mask as well (pad_token_id 0 is kept out of the prompt)
     gen = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
     want = model.generate(ids, **gen)
     try:
@@ -38,9 +42,16 @@ def test_named_architectures_are_exact_when_the_budget_covers(config_cls, model_
         kw = hf.cache_kwarg(model)
         cache = hf.LocksCache(model.config, model.locks_config)
         assert model.generate(ids, **gen, **{kw: cache}).shape == want.shape
-        assert int(cache.layers[0].last_counts.max()) == 64 // 16
+        served = [layer for layer in cache.layers if isinstance(layer, hf.LocksLayer)]
+        assert served and all(int(layer.last_counts.max()) == 64 // 16 for layer in served)
     finally:
         hf.disable(model)
+
+
+def test_linear_attention_layers_are_refused():
+    cfg = transformers.Qwen3NextConfig(**dict(SMALL, num_hidden_layers=4))  # 3 linear + 1 full
+    with pytest.raises(ValueError, match="linear_attention"):
+        hf.check_model_config(cfg)
 
 
 def test_softcapping_and_alibi_configs_are_refused_at_enable():
