@@ -15,8 +15,8 @@
 #include "gpu_helpers.h"
 #include "locks/cuda/decoder.h"
 #include "locks/error.h"
-#include "locks/rules.h"
 #include "locks/select.h"
+#include "select_rows.h"
 
 namespace locks::cuda_test {
 namespace {
@@ -98,17 +98,14 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < c.Hkv; ++h) {
       const int64_t full = std::min(M, len64[size_t(b)] / P);
-      // bands: the rule's candidates and slots for this sequence (select.h), `slots` of the
+      // bands: the rule's candidates and slots for this sequence (seq_rule), `slots` of the
       // candidates hot, in [64, 127) over [-12, 2) (first digit) or in [1.5, 1.503) over
       // [1, 1.2) (second digit), alternating by row; equal across the group's heads.
-      const int sink_end = int(std::min<int64_t>(c.sel.sink_pages, full));
-      const int recent_start = int(std::max<int64_t>(full - c.sel.recent_pages, sink_end));
-      const int slots = int(rules::budget_pages(c.sel.budget_tokens, P)) -
-                        int(full * P < len64[size_t(b)]) - sink_end - (int(full) - recent_start);
+      const test::SeqRule r = test::seq_rule(len64[size_t(b)], P, c.sel);
       const bool first = (b + h) % 2 == 0;
       for (int64_t j = 0; j < full; ++j) {
-        const bool hot = j >= sink_end && j < recent_start && int(j - sink_end) % 3 == 0 &&
-                         int(j - sink_end) / 3 < slots;
+        const bool hot = j >= r.sink_end && j < r.recent_start && int(j - r.sink_end) % 3 == 0 &&
+                         int(j - r.sink_end) / 3 < r.slots;
         const float tie = float(int(rng() % 4)) * 0.25f - 9.0f;
         const float band = first ? (hot ? 64.0f + 63.0f * (U(rng) + 12.0f) / 14.0f : U(rng))
                                  : (hot ? high(rng) : low(rng));

@@ -6,12 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend.h"
 #include "locks/reference.h"
+#include "locks/rules.h"
 #include "test_util.h"
 
 namespace locks::test {
@@ -135,6 +137,24 @@ inline SelectionBuf reference(const Rows& rows, SelectConfig sc, double tau, int
   const std::vector<double> gd(rows.scores.begin(), rows.scores.end());
   ref::select_pages(gd.data(), rows.bv(), rows.H, rows.P, sc, s.sel);
   return s;
+}
+
+// The fixed-budget rule of select.h for one sequence of len tokens, written out for tests
+// that place scores where the rule must look: full pages, the candidates [sink_end,
+// recent_start) and the slots left for the best of them (the budget's pages minus the tail,
+// the sinks and the recent pages; may exceed the candidates, when every one is taken).
+struct SeqRule {
+  int full, sink_end, recent_start, slots;
+};
+inline SeqRule seq_rule(int64_t len, int P, const SelectConfig& sc) {
+  SeqRule r;
+  r.full = rules::full_pages(len, P);
+  const int has_tail = r.full < rules::num_pages(len, P);
+  r.sink_end = std::min(sc.sink_pages, r.full);
+  r.recent_start = std::max(r.full - sc.recent_pages, r.sink_end);
+  r.slots = int(rules::budget_pages(sc.budget_tokens, P)) - has_tail - r.sink_end -
+            (r.full - r.recent_start);
+  return r;
 }
 
 // A test over the backend of this binary, skipped where it is unavailable (no GPU).

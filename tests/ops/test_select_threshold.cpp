@@ -14,7 +14,6 @@
 
 #include "backend.h"
 #include "locks/reference.h"
-#include "locks/rules.h"
 #include "select_rows.h"
 #include "test_util.h"
 
@@ -93,19 +92,14 @@ Rows banded_rows(int M, Band band, const SelectConfig& sc, uint64_t seed, int& b
   Rows rows(M, Kind::random, seed);
   Rng rng(seed * 7 + 1);
   for (int b = 0; b < rows.B; ++b) {
-    const int64_t len = rows.lens[size_t(b)];
-    const int full = rules::full_pages(len, rows.P);
-    const int has_tail = full < rules::num_pages(len, rows.P);
-    const int recent_start = std::max(full - sc.recent_pages, std::min(sc.sink_pages, full));
-    const int slots = int(rules::budget_pages(sc.budget_tokens, rows.P)) - has_tail -
-                      std::min(sc.sink_pages, full) - (full - recent_start);
+    const SeqRule r = seq_rule(rows.lens[size_t(b)], rows.P, sc);
     for (int h = 0; h < rows.H; ++h) {
       float* s = &rows.scores[(size_t(b) * rows.H + h) * size_t(M)];
       for (int j = 0; j < M; ++j) s[j] = rest_score(band, rng);
-      std::vector<int> cand(size_t(std::max(recent_start - sc.sink_pages, 0)));
-      std::iota(cand.begin(), cand.end(), std::min(sc.sink_pages, full));
-      const int hot = slots + (band == Band::one_tie_too_many ? 1 : 0);
-      if (slots < 1 || hot >= int(cand.size())) continue;  // the rule takes every candidate
+      std::vector<int> cand(size_t(r.recent_start - r.sink_end));
+      std::iota(cand.begin(), cand.end(), r.sink_end);
+      const int hot = r.slots + (band == Band::one_tie_too_many ? 1 : 0);
+      if (r.slots < 1 || hot >= int(cand.size())) continue;  // the rule takes every candidate
       for (int i = 0; i < hot; ++i)
         std::swap(cand[size_t(i)], cand[size_t(rng.integer(i, int(cand.size()) - 1))]);
       for (int i = 0; i < hot; ++i) s[cand[size_t(i)]] = hot_score(band, rng);
