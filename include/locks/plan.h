@@ -99,9 +99,10 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5305;  // "LOCKS" v5 (v2: tau, floor_pages;
+  static constexpr int64_t kTag = 0x4c4f434b5306;  // "LOCKS" v6 (v2: tau, floor_pages;
                                                    // v3: basis_group; v4: select_cluster;
-                                                   // v5: two-level step, 96 ints)
+                                                   // v5: two-level step, 96 ints;
+                                                   // v6: select.dense_below)
   static constexpr size_t kNumInts = 96;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

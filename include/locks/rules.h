@@ -5,9 +5,12 @@
 // Budget b tokens, page size P, a sequence of len tokens:
 //   budget_pages = floor(b / P) page slots, of which sink + recent + 1 (the tail) are
 //   reserved, so a budget is valid only when floor(b / P) >= sink + recent + 1;
-//   b >= len selects every page (exact attention);
-//   capacity (slots to allocate per (sequence, KV head)) = min(ceil(b / P), max_blocks):
-//   floor(b / P) pages when b < len, every page (ceil(len / P) <= ceil(b / P)) when b >= len.
+//   b >= len selects every page (exact attention), and so does len < dense_below (a minimum
+//   context below which decode stays exact; 0 = off);
+//   capacity (slots to allocate per (sequence, KV head)) = min(max(ceil(b / P),
+//   ceil((dense_below - 1) / P)), max_blocks): floor(b / P) pages when b < len, every page
+//   (ceil(len / P) <= ceil(b / P)) when b >= len, every page of the longest sequence below
+//   dense_below.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +43,8 @@ LOCKS_HD constexpr bool budget_valid(int64_t budget_tokens, int sink_pages, int 
   return page_size >= 1 && budget_tokens >= 0 && sink_pages >= 0 && recent_pages >= 0 &&
          budget_pages(budget_tokens, page_size) >= reserved_pages(sink_pages, recent_pages);
 }
-LOCKS_HD constexpr bool selects_all(int64_t budget_tokens, int64_t len) {
-  return budget_tokens >= len;
+LOCKS_HD constexpr bool selects_all(int64_t budget_tokens, int64_t len, int64_t dense_below) {
+  return budget_tokens >= len || len < dense_below;
 }
 // The adaptive budget (select.h, docs/method.md): tau = 0 is the fixed budget, else tau in
 // (0, 1]; NaN fails every comparison, so it is invalid too. floor_pages >= 0, and with
@@ -78,10 +81,14 @@ LOCKS_HD constexpr int adaptive_pages(int floor_pages, int hi, float tau, double
   return lo;
 }
 
-// Slots per (sequence, KV head): min(ceil(b / P), max_blocks_per_seq).
-LOCKS_HD constexpr int select_capacity(int64_t budget_tokens, int page_size,
-                                       int max_blocks_per_seq) {
-  const int64_t pages = (budget_tokens + page_size - 1) / page_size;
+// Slots per (sequence, KV head): min(max(ceil(b / P), ceil((dense_below - 1) / P)),
+// max_blocks_per_seq). The second term holds every page of a sequence of dense_below - 1
+// tokens, the longest one selects_all keeps whole below the minimum context.
+LOCKS_HD constexpr int select_capacity(int64_t budget_tokens, int page_size, int max_blocks_per_seq,
+                                       int64_t dense_below) {
+  const int64_t by_budget = (budget_tokens + page_size - 1) / page_size;
+  const int64_t by_dense = dense_below > 1 ? (dense_below - 1 + page_size - 1) / page_size : 0;
+  const int64_t pages = by_budget > by_dense ? by_budget : by_dense;
   return static_cast<int>(pages < max_blocks_per_seq ? pages : max_blocks_per_seq);
 }
 // Pages the last `appended` tokens completed for a sequence now len tokens long: the index
@@ -96,7 +103,14 @@ LOCKS_HD constexpr int64_t slot_filled_block(int64_t slot, int page_size) {
   return (slot >= 0 && slot % page_size == page_size - 1) ? slot / page_size : -1;
 }
 
-static_assert(select_capacity(20, 16, 100) == 2, "b = 20, P = 16 needs 2 slots");
+static_assert(select_capacity(20, 16, 100, 0) == 2, "b = 20, P = 16 needs 2 slots");
+static_assert(select_capacity(64, 16, 300, 4097) == 256 &&
+                  select_capacity(64, 16, 300, 4098) == 257,
+              "4096 tokens (below 4097) fill 256 pages, 4097 tokens 257");
+static_assert(select_capacity(64, 16, 100, 65) == 4 && select_capacity(64, 16, 10, 9999) == 10,
+              "dense_below <= b + 1 changes nothing; max_blocks caps");
+static_assert(selects_all(64, 100, 101) && !selects_all(64, 101, 101) && selects_all(64, 64, 0),
+              "dense below 101 tokens; b >= len dense anyway");
 static_assert(budget_valid(16, 0, 0, 16) && !budget_valid(15, 0, 0, 16), "one page at least");
 static_assert(tau_valid(0.0f) && tau_valid(1.0f) && !tau_valid(-0.5f) && !tau_valid(1.5f),
               "tau in {0} u (0, 1]");

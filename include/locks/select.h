@@ -31,16 +31,22 @@ struct SelectConfig {
   float tau = 0.0f;     // adaptive budget: 0 = fixed, else the mass share to cover, in (0, 1]
   int floor_pages = 1;  // adaptive budget: scored pages kept at least (fewer only when the
                         // sequence has fewer candidates), in [0, scored slots]
+  // A minimum context: a sequence shorter than dense_below tokens attends every page (exact
+  // decode below it), per sequence and inside one launch, so a captured graph serves short
+  // and long sequences alike. 0 (or anything <= budget_tokens + 1) changes nothing; above the
+  // budget the capacity grows to hold those pages (select_capacity).
+  int dense_below = 0;
 };
 
-// Throws on a budget too small for sink + recent + tail, negative counts, tau outside
-// {0} u (0, 1] (NaN included), floor_pages < 0, or with tau > 0 floor_pages above the
+// Throws on a budget too small for sink + recent + tail, negative counts (dense_below too), tau
+// outside {0} u (0, 1] (NaN included), floor_pages < 0, or with tau > 0 floor_pages above the
 // budget's scored slots floor(b/P) - sink - recent - 1.
 void validate_select(const SelectConfig& cfg, int page_size);
 
-// Slots to allocate per (sequence, KV head): min(ceil(b/P), max_blocks_per_seq). That holds
-// floor(b/P) pages when b < seq_len, and every page when b >= seq_len: ceil(seq_len/P) can
-// exceed floor(b/P) when b is not a multiple of P (b = 20, P = 16, seq_len = 20: 2 pages).
+// Slots to allocate per (sequence, KV head): min(max(ceil(b/P), ceil((dense_below-1)/P)),
+// max_blocks_per_seq). That holds floor(b/P) pages when b < seq_len, and every page when
+// b >= seq_len or seq_len < dense_below: ceil(seq_len/P) can exceed floor(b/P) when b is not
+// a multiple of P (b = 20, P = 16, seq_len = 20: 2 pages).
 // (Changed from "floor(b/P)" by the core owner: floor under-allocated that case.)
 int select_capacity(const SelectConfig& cfg, int page_size, int max_blocks_per_seq);
 

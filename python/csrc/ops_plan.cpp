@@ -35,7 +35,8 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                           int64_t num_kv_heads, int64_t head_dim, at::ScalarType kv_dtype,
                           int64_t rank, int64_t precision, int64_t num_q_heads, int64_t max_batch,
                           int64_t max_blocks_per_seq, int64_t budget_tokens, int64_t sink_pages,
-                          int64_t recent_pages, double scale, double tau, int64_t floor_pages) {
+                          int64_t recent_pages, double scale, double tau, int64_t floor_pages,
+                          int64_t dense_below) {
   const locks::Backend be = to_backend(backend);
   TORCH_CHECK_VALUE(num_blocks >= 1, "num_blocks = ", num_blocks, " must be >= 1");
   TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 0, "scale = ", scale,
@@ -60,6 +61,7 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
   TORCH_CHECK_VALUE(locks::rules::tau_valid(p.select.tau) && (tau == 0.0) == (p.select.tau == 0.0f),
                     "tau = ", tau, " is not representable as a positive float");
   p.select.floor_pages = to_int(floor_pages, "floor_pages", 0);
+  p.select.dense_below = to_int(dense_below, "dense_below", 0);
   const int r = to_int(rank, "rank", 1);
   const locks::Precision prec = to_precision(precision);
   std::vector<int64_t> out;

@@ -14,12 +14,13 @@ TORCH_LIBRARY(locks, m) {
   // Host side, once per batch shape: validate the parameters, choose the backend's kernels
   // and size the workspace. backend 0 = cpu, 1 = cuda (the current CUDA device);
   // precision 0 = fp32 summaries, 1 = int4. Element 0 = workspace bytes, 1 = capacity.
-  // tau: 0 = fixed budget, (0, 1] = adaptive (include/locks/select.h), floor_pages its floor.
+  // tau: 0 = fixed budget, (0, 1] = adaptive (include/locks/select.h), floor_pages its floor;
+  // dense_below: sequences shorter than this many tokens attend every page (0 = off).
   m.def(
       "plan(int backend, int num_blocks, int page_size, int num_kv_heads, int head_dim, "
       "ScalarType kv_dtype, int rank, int precision, int num_q_heads, int max_batch, "
       "int max_blocks_per_seq, int budget_tokens, int sink_pages, int recent_pages, "
-      "float scale, float tau=0.0, int floor_pages=1) -> int[]",
+      "float scale, float tau=0.0, int floor_pages=1, int dense_below=0) -> int[]",
       &locks_torch::plan);
   // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(

@@ -155,11 +155,14 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
          max_blocks_per_seq: int, page_size: int = 16, rank: int = 8, precision: str = "int4",
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
          recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
-         floor_pages: int = 1) -> list[int]:
+         floor_pages: int = 1, dense_below: int = 0) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
     Element 0 is the workspace size the backend needs, element 1 the selection capacity.
     tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
-    fewest (at least floor_pages) whose estimated mass covers tau of the estimated total."""
+    fewest (at least floor_pages) whose estimated mass covers tau of the estimated total.
+    dense_below > 0: a minimum context; sequences shorter than that many tokens attend every
+    page inside the same step (and graph), longer ones select (the capacity grows to hold the
+    short ones' pages: select_capacity)."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
@@ -173,7 +176,7 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
             check_int("max_blocks_per_seq", max_blocks_per_seq, lo=1),
             check_int("budget_tokens", budget_tokens, lo=0), check_int("sink_pages", sink_pages, lo=0),
             check_int("recent_pages", recent_pages, lo=0), float(scale), check_tau(tau),
-            check_int("floor_pages", floor_pages, lo=0))
+            check_int("floor_pages", floor_pages, lo=0), check_int("dense_below", dense_below, lo=0))
     if backend == "cuda":
         with torch.cuda.device(torch.device(device)):
             return list(_ops.plan(*args))
@@ -195,9 +198,10 @@ def plan_workspace_bytes(plan_vector: Sequence[int]) -> int:
 
 
 def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
-                    sink_pages: int = 0, recent_pages: int = 0) -> int:
+                    sink_pages: int = 0, recent_pages: int = 0, dense_below: int = 0) -> int:
     """Page slots per (sequence, KV head) for a budget: include/locks/rules.h's select_capacity
-    (plain Python so that torch.compile traces it; the plan computes the same in C++)."""
+    (plain Python so that torch.compile traces it; the plan computes the same in C++): the
+    budget's ceil(b / P), or every page of a sequence of dense_below - 1 tokens if more."""
     check_int("budget_tokens", budget_tokens, lo=0)
     check_int("sink_pages", sink_pages, lo=0)
     check_int("recent_pages", recent_pages, lo=0)
@@ -205,7 +209,9 @@ def select_capacity(budget_tokens: int, page_size: int, max_blocks_per_seq: int,
         raise ValueError(
             f"locks: budget of {budget_tokens} tokens gives {budget_tokens // page_size} pages of "
             f"{page_size}, fewer than sink ({sink_pages}) + recent ({recent_pages}) + 1 tail page")
-    return min(-(-budget_tokens // page_size), max_blocks_per_seq)
+    check_int("dense_below", dense_below, lo=0)
+    by_dense = -(-(dense_below - 1) // page_size) if dense_below > 1 else 0
+    return min(max(-(-budget_tokens // page_size), by_dense), max_blocks_per_seq)
 
 
 # -- summaries --------------------------------------------------------------------------------
@@ -291,15 +297,16 @@ def select_pages(q: torch.Tensor, s, block_table: torch.Tensor, seq_lens: torch.
                  scale: float | None = None, pages: torch.Tensor | None = None,
                  counts: torch.Tensor | None = None,
                  kv_dtype: torch.dtype = torch.bfloat16, tau: float = 0.0,
-                 floor_pages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                 floor_pages: int = 1, dense_below: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Score pages from summaries, share-average over GQA groups, select under the budget
-    (plans and allocates a workspace per call)."""
+    (plans and allocates a workspace per call); sequences shorter than dense_below tokens
+    keep every page."""
     prec = precision_of(s)
     coeff = s[4] if prec == "int4" else s[2]  # [N, H, P, r]
     w = _one_shot(q, block_table, num_kv_heads=coeff.shape[1], page_size=coeff.shape[2],
                   rank=coeff.shape[3], precision=prec, kv_dtype=kv_dtype, num_blocks=coeff.shape[0],
                   budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
-                  scale=scale, tau=tau, floor_pages=floor_pages)
+                  scale=scale, tau=tau, floor_pages=floor_pages, dense_below=dense_below)
     return w.select(q, s, block_table, seq_lens, pages=pages, counts=counts)
 
 

@@ -44,12 +44,13 @@ class DecodeWrapper:
              precision: str = "int4", kv_dtype: torch.dtype = torch.bfloat16,
              budget_tokens: int = 2048, sink_pages: int = 0, recent_pages: int = 0,
              scale: float | None = None, device=None, tau: float = 0.0,
-             floor_pages: int = 1) -> "DecodeWrapper":
+             floor_pages: int = 1, dense_below: int = 0) -> "DecodeWrapper":
         """Validate the shape and choose the kernels (once per batch shape; runs on the host,
         may query the GPU; never inside a graph capture). ValueError / NotImplementedError
         for a shape that is wrong / unsupported, ValueError when the workspace is too small.
         tau > 0 turns on the adaptive budget (locks.ops.plan): the selection's counts vary
-        per step and KV head, its capacity (the budget's) does not."""
+        per step and KV head, its capacity (the budget's) does not. dense_below: sequences
+        shorter than that many tokens attend every page (a minimum context, in-graph)."""
         dev = self.workspace.device if device is None else _device(device)
         if _device(dev) != _device(self.workspace.device):
             raise ValueError(f"locks.DecodeWrapper.plan: device {dev} differs from the workspace's "
@@ -58,7 +59,8 @@ class DecodeWrapper:
                       num_blocks=num_blocks, max_batch=max_batch, max_blocks_per_seq=max_blocks_per_seq,
                       page_size=page_size, rank=rank, precision=precision, kv_dtype=kv_dtype,
                       budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
-                      scale=scale, device=dev, tau=tau, floor_pages=floor_pages)
+                      scale=scale, device=dev, tau=tau, floor_pages=floor_pages,
+                      dense_below=dense_below)
         p = ops.plan(**params)
         need = ops.plan_workspace_bytes(p)
         if self.workspace.numel() < need:

@@ -47,8 +47,8 @@ DecodePlan plan_common(const DecodeParams& params, Backend backend) {
   if (plan.params.scale == 0.0f) plan.params.scale = 1.0f / std::sqrt(float(L.head_dim));
   plan.backend = backend;
   plan.group = params.num_q_heads / L.num_kv_heads;
-  plan.capacity =
-      rules::select_capacity(params.select.budget_tokens, L.page_size, params.max_blocks_per_seq);
+  plan.capacity = rules::select_capacity(params.select.budget_tokens, L.page_size,
+                                         params.max_blocks_per_seq, params.select.dense_below);
   if (params.two_level) {
     const SuperLayout& U = params.super;
     const TwoLevelConfig& T = params.two;
@@ -59,6 +59,11 @@ DecodePlan plan_common(const DecodeParams& params, Backend backend) {
         "params.super's geometry (page_size ", U.page_size, ", num_kv_heads ", U.num_kv_heads,
         ", head_dim ", U.head_dim, ") differs from the cache's");
     LOCKS_REQUIRE(!T.use_extent || U.extent, "two.use_extent needs a super layout with extent");
+    LOCKS_REQUIRE(params.select.dense_below <= params.select.budget_tokens,
+                  "the two-level step needs dense_below <= budget_tokens (got ",
+                  params.select.dense_below, " > ", params.select.budget_tokens,
+                  "): its page list holds the budget's groups, not a whole short sequence; use "
+                  "the flat step for a minimum context above the budget");
     LOCKS_REQUIRE(params.select.tau == 0.0f,
                   "the two-level step needs the fixed budget (tau = 0), got tau ",
                   params.select.tau,

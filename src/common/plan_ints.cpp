@@ -41,10 +41,12 @@ void fields(Plan& p, F&& f) {
       f(p.l2_select_chunk_pages), f(p.l2_select_cluster);
   for (auto* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
     f(r->offset), f(r->bytes);
+  // v6: the minimum context.
+  f(p.params.select.dense_below);
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8;
+constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -119,7 +121,7 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
   // the field.
   validate_select(q.select, q.cache.page_size);
   LOCKS_REQUIRE(p.capacity == rules::select_capacity(q.select.budget_tokens, q.cache.page_size,
-                                                     q.max_blocks_per_seq),
+                                                     q.max_blocks_per_seq, q.select.dense_below),
                 "plan vector capacity ", p.capacity, " is not the budget rule's");
   for (const WorkspaceRegion* r :
        {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,

@@ -10,6 +10,7 @@ void validate_select(const SelectConfig& cfg, int page_size) {
   LOCKS_REQUIRE(cfg.budget_tokens >= 0, "budget_tokens must be >= 0, got ", cfg.budget_tokens);
   LOCKS_REQUIRE(cfg.sink_pages >= 0, "sink_pages must be >= 0, got ", cfg.sink_pages);
   LOCKS_REQUIRE(cfg.recent_pages >= 0, "recent_pages must be >= 0, got ", cfg.recent_pages);
+  LOCKS_REQUIRE(cfg.dense_below >= 0, "dense_below must be >= 0 (0 = off), got ", cfg.dense_below);
   LOCKS_REQUIRE(rules::budget_valid(cfg.budget_tokens, cfg.sink_pages, cfg.recent_pages, page_size),
                 "budget of ", cfg.budget_tokens, " tokens gives ",
                 rules::budget_pages(cfg.budget_tokens, page_size), " pages of ", page_size,
@@ -31,7 +32,7 @@ int select_capacity(const SelectConfig& cfg, int page_size, int max_blocks_per_s
   validate_select(cfg, page_size);
   LOCKS_REQUIRE(max_blocks_per_seq >= 1, "max_blocks_per_seq must be >= 1, got ",
                 max_blocks_per_seq);
-  return rules::select_capacity(cfg.budget_tokens, page_size, max_blocks_per_seq);
+  return rules::select_capacity(cfg.budget_tokens, page_size, max_blocks_per_seq, cfg.dense_below);
 }
 
 }  // namespace locks

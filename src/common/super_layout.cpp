@@ -116,7 +116,7 @@ int groups_kept(const TwoLevelConfig& cfg, const SelectConfig& sel, int page_siz
                 int64_t len_tokens) {
   validate_two_level(cfg);
   LOCKS_REQUIRE(page_size >= 1 && group_pages >= 1, "page_size and group_pages must be >= 1");
-  if (rules::selects_all(sel.budget_tokens, len_tokens)) return -1;
+  if (rules::selects_all(sel.budget_tokens, len_tokens, sel.dense_below)) return -1;
   const int complete = rules::full_pages(len_tokens, page_size) / group_pages;
   if (complete < cfg.flat_below_groups) return -1;
   const int64_t k = rules::budget_pages(sel.budget_tokens, page_size);
@@ -156,8 +156,9 @@ StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pa
   StepBytes r;
   r.dense = double(len) * kv_token;
   r.attended = double(std::min<int64_t>(sel.budget_tokens, len)) * kv_token;
-  r.flat = rules::selects_all(sel.budget_tokens, len) ? r.dense : full * page_b + r.attended;
-  if (rules::selects_all(sel.budget_tokens, len)) {
+  r.flat = rules::selects_all(sel.budget_tokens, len, sel.dense_below) ? r.dense
+                                                                       : full * page_b + r.attended;
+  if (rules::selects_all(sel.budget_tokens, len, sel.dense_below)) {
     r.attended = r.dense;
     return r;
   }

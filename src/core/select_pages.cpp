@@ -88,7 +88,7 @@ void impl::select_pages(const float* group_scores, const BatchView& batch, int n
       const float* s = group_scores + bg * M;
       int32_t* pages = out.pages + bg * out.capacity;
       std::fill(chosen, chosen + n_pages, 0);
-      if (rules::selects_all(cfg.budget_tokens, len)) {
+      if (rules::selects_all(cfg.budget_tokens, len, cfg.dense_below)) {
         std::fill(chosen, chosen + n_pages, 1);
       } else {
         const int k = int(rules::budget_pages(cfg.budget_tokens, P));  // < n_pages here

@@ -118,6 +118,9 @@ DecodePlan plan_decode(const DecodeParams& params) {
       1, slots / (int64_t(B) * Hkv * detail::attention_head_slices(L.head_dim, G)));
   int sparse_pps =
       int(std::clamp<int64_t>((plan.capacity + per_row - 1) / per_row, kSparsePagesPerSplit, 32));
+  // A capacity beyond the budget's (SelectConfig::dense_below) lengthens the splits instead
+  // of multiplying them: at most kMaxDenseSplits, as the dense path.
+  sparse_pps = std::max<int>(sparse_pps, int(ceil_div(plan.capacity, kMaxDenseSplits)));
   plan.sparse_pages_per_split = (sparse_pps + 3) / 4 * 4;
   plan.sparse_splits = ceil_div(plan.capacity, plan.sparse_pages_per_split);
   // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each

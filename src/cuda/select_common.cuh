@@ -30,7 +30,7 @@ __device__ Rules rules_for(int raw_len, int P, int M, const SelectConfig& cfg) {
   r.full = rules::full_pages(len, P);
   r.n_pages = rules::num_pages(len, P);
   r.has_tail = r.full < r.n_pages;
-  r.all = rules::selects_all(cfg.budget_tokens, len);
+  r.all = rules::selects_all(cfg.budget_tokens, len, cfg.dense_below);
   r.sink_end = min(cfg.sink_pages, r.full);
   r.recent_start = max(max(r.full - cfg.recent_pages, 0), r.sink_end);
   const int k = int(rules::budget_pages(cfg.budget_tokens, P));

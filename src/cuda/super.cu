@@ -305,7 +305,8 @@ __device__ ListRules list_rules(int raw_len, int P, int S, int M, const SelectCo
   r.recent_begin = sel.recent_pages > 0 && recent_start < listed ? recent_start / S : r.C;
   r.F = r.first_end + (r.C - r.recent_begin) - max(0, r.first_end - r.recent_begin);
   r.m = -1;
-  if (r.len == 0 || rules::selects_all(sel.budget_tokens, r.len) || r.C < cfg.flat_below_groups)
+  if (r.len == 0 || rules::selects_all(sel.budget_tokens, r.len, sel.dense_below) ||
+      r.C < cfg.flat_below_groups)
     return r;
   const double want = ceil(cfg.alpha * double(rules::budget_pages(sel.budget_tokens, P)) / S);
   if (want >= r.C) return r;

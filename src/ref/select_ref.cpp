@@ -21,6 +21,7 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
                 "bad batch");
   LOCKS_REQUIRE(cfg.sink_pages >= 0 && cfg.recent_pages >= 0 && cfg.budget_tokens >= 0,
                 "budget, sink_pages and recent_pages must be >= 0");
+  LOCKS_REQUIRE(cfg.dense_below >= 0, "dense_below must be >= 0");
   const int k = cfg.budget_tokens / page_size;
   LOCKS_REQUIRE(k >= cfg.sink_pages + cfg.recent_pages + 1, "budget of ", k,
                 " pages is below sink + recent + tail = ", cfg.sink_pages + cfg.recent_pages + 1);
@@ -37,7 +38,7 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
     for (int g = 0; g < num_kv_heads; ++g) {
       const double* s = group_scores + (int64_t(b) * num_kv_heads + g) * M;
       std::vector<int> chosen;
-      if (cfg.budget_tokens >= len) {
+      if (cfg.budget_tokens >= len || len < cfg.dense_below) {  // select.h's rule, literally
         for (int j = 0; j < n_pages; ++j) chosen.push_back(j);
       } else {
         // Here n_pages > k >= sink + recent + 1, so tail, sink and recent pages are distinct.

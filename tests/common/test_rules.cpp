@@ -14,16 +14,27 @@ namespace {
 TEST(Rules, CapacityHoldsEveryPageTheBudgetSelects) {
   for (int P : {2, 3, 16})
     for (int b = 0; b <= 6 * P; ++b)
-      for (int M = 1; M <= 8; ++M) {
-        const int cap = rules::select_capacity(b, P, M);
-        for (int len = 1; len <= M * P; ++len) {
-          // Pages selected: every page when b >= len, else floor(b / P).
-          const int selected = b >= len ? (len + P - 1) / P : b / P;
-          EXPECT_LE(selected, cap) << "P " << P << " b " << b << " M " << M << " len " << len;
+      for (int M = 1; M <= 8; ++M)
+        for (int dense_below : {0, 1, b, b + 1, b + 2, 3 * P + 1, 9 * P}) {
+          const int cap = rules::select_capacity(b, P, M, dense_below);
+          int most = 0;  // the most pages any length selects: the capacity must be exactly that
+          for (int len = 1; len <= M * P; ++len) {
+            // Pages selected: every page when b >= len or len < dense_below, else floor(b / P).
+            const bool all = b >= len || len < dense_below;
+            EXPECT_EQ(rules::selects_all(b, len, dense_below), all);
+            const int selected = all ? (len + P - 1) / P : b / P;
+            EXPECT_LE(selected, cap) << "P " << P << " b " << b << " M " << M << " len " << len
+                                     << " dense_below " << dense_below;
+            most = std::max(most, selected);
+          }
+          EXPECT_LE(cap, M);
+          // ceil(b / P) is kept even when no length reaches it (b > M P is capped by M; b
+          // between multiples of P keeps the rounded-up slot), so the capacity is the larger
+          // of the budget's slots and what the dense lengths need.
+          const int dense_need = dense_below > 1 ? std::min((dense_below - 2) / P + 1, M) : 0;
+          EXPECT_EQ(cap, std::max(std::min((b + P - 1) / P, M), dense_need));
+          if (dense_below > b + 1) EXPECT_EQ(cap, std::max(most, std::min((b + P - 1) / P, M)));
         }
-        EXPECT_LE(cap, M);
-        EXPECT_EQ(cap, std::min((b + P - 1) / P, M));
-      }
 }
 
 TEST(Rules, BudgetValidityMatchesValidateSelect) {

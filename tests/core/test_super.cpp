@@ -608,6 +608,18 @@ TEST(DecodeTwoLevel, PlanChecksAndIntsRoundTrip) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("tau"), std::string::npos) << e.what();
   }
+  // A minimum context above the budget too (its short sequences would need every page in
+  // the list); at the budget it changes nothing and is accepted.
+  q = p;
+  q.select.dense_below = q.select.budget_tokens + 1;
+  try {
+    cpu::plan_decode(q);
+    ADD_FAILURE() << "dense_below > budget accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("dense_below"), std::string::npos) << e.what();
+  }
+  q.select.dense_below = q.select.budget_tokens;
+  EXPECT_EQ(cpu::plan_decode(q).capacity, plan.capacity);
   q = p;
   q.super.head_dim = 64;
   EXPECT_THROW(cpu::plan_decode(q), InvalidArgument);

@@ -38,6 +38,7 @@ struct ClusterCase {
 std::string name(const ClusterCase& c) {
   return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_b" +
          std::to_string(c.sel.budget_tokens) +
+         (c.sel.dense_below ? "_dense" + std::to_string(c.sel.dense_below) : "") +
          (c.scores == ClusterCase::ties    ? "_ties"
           : c.scores == ClusterCase::bands ? "_bands"
                                            : "_cont");
@@ -193,7 +194,11 @@ INSTANTIATE_TEST_SUITE_P(
         ClusterCase{2, 3, kShort, {16 * 4000, 1, 2}, ClusterCase::cont},  // all
         ClusterCase{1, 8, {16 * 65536, 16 * 3000 + 1}, {2048, 1, 2}, ClusterCase::ties},
         ClusterCase{1, 8, {16 * 65536 - 5}, {2048, 1, 2}, ClusterCase::cont},
-        ClusterCase{1, 8, {16 * 65536 - 5, 16 * 3000}, {2048, 1, 2}, ClusterCase::bands}),
+        ClusterCase{1, 8, {16 * 65536 - 5, 16 * 3000}, {2048, 1, 2}, ClusterCase::bands},
+        // dense_below: the rows shorter than 16 * 1200 + 9 tokens keep every page, the
+        // longest selects (a minimum context above the budget, capacity 1201 pages)
+        ClusterCase{2, 4, kShort, {512, 1, 2, 0.0f, 1, 16 * 1200 + 9}, ClusterCase::cont},
+        ClusterCase{1, 8, kLong, {2048, 1, 2, 0.0f, 1, 16 * 4097}, ClusterCase::bands}),
     [](const ::testing::TestParamInfo<ClusterCase>& i) {
       return name(i.param) + "_" + std::to_string(i.index);
     });

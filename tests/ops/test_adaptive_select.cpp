@@ -102,7 +102,8 @@ TEST_F(AdaptiveSelect, CountsVaryUnderAFixedCapacity) {
   for (float& s : spread.scores) s = 0.1f * s;                           // near uniform
   Session session(be_.get(), peaked, sc);
   const SelRun a = session.run(peaked), b = session.run(spread), c = session.run(peaked);
-  EXPECT_EQ(session.plan().capacity, rules::select_capacity(sc.budget_tokens, 16, 300));
+  EXPECT_EQ(session.plan().capacity,
+            rules::select_capacity(sc.budget_tokens, 16, 300, sc.dense_below));
   EXPECT_EQ(c.pages, a.pages) << "a replay of the same data selects the same pages";
   EXPECT_EQ(c.counts, a.counts);
   expect_matches(be_->kind(), peaked, sc, a);

@@ -448,13 +448,21 @@ TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
                                           {longest + 3 * P, 1, 2},
                                           {7 * P, 2, 1, 0.9f, 1},
                                           {10 * P, 0, 0, 0.5f, 0},
-                                          {longest, 1, 0, 0.99f, 0}};
+                                          {longest, 1, 0, 0.99f, 0},
+                                          // dense_below (a minimum context above the budget,
+                                          // the capacity grows): every shorter sequence
+                                          // attends every page, the longest selects (len ==
+                                          // dense_below is not below it); then all of them
+                                          {P, 0, 0, 0.0f, 1, longest},
+                                          {7 * P, 2, 1, 0.9f, 1, longest},
+                                          {3 * P + 5, 1, 1, 0.0f, 1, longest + 1}};
   for (const SelectConfig& sc : budgets) {
     SCOPED_TRACE(testing::Message()
                  << "budget " << sc.budget_tokens << " sink " << sc.sink_pages << " recent "
-                 << sc.recent_pages << " tau " << sc.tau << " floor " << sc.floor_pages);
+                 << sc.recent_pages << " tau " << sc.tau << " floor " << sc.floor_pages
+                 << " dense_below " << sc.dense_below);
     const DecodePlan plan = be_->plan(params(sc));
-    ASSERT_EQ(plan.capacity, rules::select_capacity(sc.budget_tokens, P, M));
+    ASSERT_EQ(plan.capacity, rules::select_capacity(sc.budget_tokens, P, M, sc.dense_below));
     Dev ws(be_.get(), plan.workspace_bytes);
     const Workspace w{ws.p, plan.workspace_bytes};
     Dev hs(be_.get(), size_t(B) * Hq * M * 4), gs(be_.get(), size_t(B) * H * M * 4);

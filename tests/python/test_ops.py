@@ -215,6 +215,31 @@ def test_selection_capacity_is_select_capacity(precision):
         assert pages.shape == (2, H, cap) == (2, H, ops.select_capacity(budget, P, mb))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_dense_below_keeps_short_sequences_whole(precision):
+    # A minimum context above the budget: the 37- and 150-token sequences (< 151) keep every
+    # page, the 151-token one selects floor(48 / 16) = 3; the capacity holds 150 tokens' pages;
+    # the long sequence's list is the one the plain budget gives.
+    nb, mb = 40, 12
+    k, _ = make_cache(nb)
+    bt, lens = batch(nb, [151, 150, 37], mb)
+    s = ops.new_summaries(nb, H, D, P, 8, precision=precision)
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    q = torch.randn(3, 3 * H, D)
+    pages, counts = ops.select_pages(q, s, bt, lens, 48, dense_below=151)
+    assert pages.shape == (3, H, 10) == (3, H, ops.select_capacity(48, P, mb, dense_below=151))
+    assert counts.tolist() == [[3] * H, [10] * H, [3] * H]
+    assert all(pages[1, g].tolist() == list(range(10)) for g in range(H))
+    assert all(pages[2, g].tolist() == [0, 1, 2] + [-1] * 7 for g in range(H))
+    plain, pc = ops.select_pages(q, s, bt, lens, 48)
+    assert torch.equal(pages[0, :, :3], plain[0]) and torch.equal(counts[0], pc[0])
+    with pytest.raises(ValueError, match="dense_below"):
+        ops.select_pages(q, s, bt, lens, 48, dense_below=-1)
+    assert ops.select_capacity(48, P, mb, dense_below=49) == 3     # <= b + 1: no change
+    assert ops.select_capacity(48, P, 300, dense_below=4097) == 256
+    assert ops.select_capacity(48, P, 100, dense_below=4097) == 100   # max_blocks caps
+
+
 def test_budget_covering_context_is_dense_bit_for_bit():
     k, v, bt, lens, q, s = built(24, [150, 37], 10)
     pages, counts = ops.select_pages(q, s, bt, lens, 160)

@@ -162,9 +162,27 @@ def test_min_context_dense_switch_eager_only(setup):
     step(s, bt, [100, 37], [100, 37], gen)
     _, md, _, _ = step(s, bt, [1, 1], [101, 38], gen)
     assert md.dense and s.impl.wrapper.runs[-1] == (2, True)
-    with pytest.raises(ValueError, match="min_context"):
-        setup({"precision": "fp32", "budget": 64, "min_context": 4096},
+
+
+def test_min_context_above_budget_in_full_graphs_is_per_sequence(setup):
+    # Full graphs: no batch-level switch (a graph cannot change paths); the plan's dense_below
+    # keeps each sequence shorter than min_context exact and lets the longer ones select, in the
+    # same launch. Sequence 0 (301 tokens) selects, sequence 1 (101 < 200) attends every page.
+    s = setup({"precision": "fp32", "budget": 64, "min_context": 200},
               cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    bt, gen = tables(), torch.Generator().manual_seed(4)
+    step(s, bt, [300, 100], [300, 100], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [301, 101], gen)
+    assert md.pure_decode and not md.dense and s.impl.wrapper.runs[-1] == (2, False)
+    # Capacity: every page of a 199-token sequence (13), more than the budget's 4.
+    assert s.impl.wrapper.capacity == 13 == md.bufs.pages.shape[2]
+    dense = dense_of(s, q, bt, cm.seq_lens)
+    tol = 2 ** -7
+    assert (out[1].double() - dense[1]).abs().max() < tol           # below min_context: exact
+    assert (out[0].double() - dense[0]).abs().max() > 10 * tol      # above: really sparse
+    want, _ = ref.decode(q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), bt, cm.seq_lens,
+                         budget=64, dense_below=200)
+    assert (out.double() - want).abs().max() < tol
 
 
 def test_side_cache_registered_under_the_layer_name(setup):

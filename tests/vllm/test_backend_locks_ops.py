@@ -26,8 +26,8 @@ def _reset_ops():
     lib.set_ops(None)
 
 
-def _make(monkeypatch, locks_cfg, runner="v2"):
-    return tb.make_setup(monkeypatch, locks_cfg, ops=locks, runner=runner)
+def _make(monkeypatch, locks_cfg, runner="v2", **kw):
+    return tb.make_setup(monkeypatch, locks_cfg, ops=locks, runner=runner, **kw)
 
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])
@@ -79,3 +79,27 @@ def test_real_ops_v1_and_v2_layouts_give_the_same_bits(monkeypatch):
         for h in range(H):
             assert torch.equal(p1[i, h, : int(c1[i, h])], p2[i, h, : int(c2[i, h])])
     assert all(torch.equal(a, b) for a, b in zip(s1, s2))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_real_ops_min_context_above_budget_per_sequence(monkeypatch, precision):
+    """min_context 200 > budget 64 under full decode graphs: one plan, one launch; the
+    101-token sequence attends all 7 pages, the 301-token one selects 4."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    s = _make(monkeypatch, {"precision": precision, "budget": 64, "min_context": 200},
+              cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    bt, gen = tables(), torch.Generator().manual_seed(6)
+    step(s, bt, [300, 100], [300, 100], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [301, 101], gen)
+    assert md.pure_decode and not md.dense
+    b = md.bufs
+    assert b.pages.shape[2] == s.impl.wrapper.capacity == 13    # every page of 199 tokens
+    assert b.counts[:2].tolist() == [[4, 4], [7, 7]]
+    pages = [[[int(x) for x in b.pages[i, h, : int(b.counts[i, h])]] for h in range(H)] for i in range(2)]
+    assert pages[1] == [list(range(7))] * H
+    want, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt, cm.seq_lens, pages)
+    assert (b.out[:2].double() - want).abs().max() < 1e-5
+    dense = dense_of(s, q, bt, cm.seq_lens)
+    assert (out[1].double() - dense[1]).abs().max() < 2 ** -7
+    assert (want[0] - dense[0]).abs().max() > 1e-2

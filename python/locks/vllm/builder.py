@@ -19,7 +19,9 @@ from .library import ops
 class LocksMetadata:
     fa: FlashAttentionMetadata            # FlashAttention's metadata (prefill / mixed batches)
     pure_decode: bool                     # every request has query length 1: the LOCKS path
-    dense: bool                           # LOCKS dense kernel (context below min_context, eager only)
+    dense: bool                           # LOCKS dense kernel for the whole batch (eager only: every
+                                          # sequence below min_context; in graphs the plan's
+                                          # dense_below keeps each short sequence exact)
     num_reqs: int
     slot_mapping: torch.Tensor            # int32 persistent [max_tokens]; -1 past this step's tokens
     block_table: torch.Tensor             # int32 persistent [max_batch, max_blocks]
@@ -63,12 +65,6 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         self.settings = settings_from(vllm_config)
         cg = vllm_config.compilation_config.cudagraph_mode
         self.full_graphs = bool(cg is not None and cg.has_full_cudagraphs())
-        if self.full_graphs and self.settings.effective_min_context > self.settings.budget:
-            raise ValueError(
-                f"locks setting 'min_context' = {self.settings.min_context} > budget "
-                f"{self.settings.budget}: the dense/sparse switch cannot change inside a captured CUDA "
-                "graph. Use min_context <= budget (below the budget decode is exact anyway), or run "
-                "decode without full graphs (cudagraph_mode PIECEWISE/NONE or enforce_eager)")
         sc = vllm_config.scheduler_config
         self.max_batch = max(sc.max_num_seqs, self.max_cudagraph_size or 0)
         self.max_tokens = max(sc.max_num_batched_tokens, self.max_batch)
@@ -79,8 +75,10 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         if self.bufs is None:
             s = self.settings
             o = ops()
-            cap = (o.ops.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks, s.sink_pages, s.recent_pages)
-                   if hasattr(o, "ops") else min(-(-s.budget // BLOCK_SIZE), self.max_blocks))
+            cap = (o.ops.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks, s.sink_pages,
+                                         s.recent_pages, s.effective_min_context)
+                   if hasattr(o, "ops") else o.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks,
+                                                               s.effective_min_context))
             ws = 0
             if hasattr(o, "workspace_bytes"):
                 ws = o.workspace_bytes(
@@ -88,7 +86,8 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                     page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=self.kv_cache_dtype,
                     num_blocks=self._num_blocks(), max_batch=self.max_batch,
                     max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
-                    recent_pages=s.recent_pages, device=self.device)
+                    recent_pages=s.recent_pages, dense_below=s.effective_min_context,
+                    device=self.device)
             self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                                       max_blocks=self.max_blocks, max_tokens=self.max_tokens,
@@ -129,6 +128,8 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         # Graph padding rows may carry seq_len 0: clamp to 1 (one valid token, output discarded).
         torch.clamp(cm.seq_lens[:n_reqs], min=1, out=b.seq_lens[:n_reqs])
         b.seq_lens[n_reqs:].fill_(1)
+        # Every sequence below the minimum context (eager only: a graph cannot switch paths; there
+        # and in mixed batches the plan's dense_below keeps each short sequence exact).
         dense = (not self.full_graphs) and cm.max_seq_len < self.settings.effective_min_context
         return LocksMetadata(fa=fa, pure_decode=pure, dense=dense, num_reqs=n_reqs,
                              slot_mapping=b.slot_mapping, block_table=b.block_table,

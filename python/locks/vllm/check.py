@@ -50,6 +50,11 @@ CORRECT_CONFIGS = {  # name: (V2 runner, full decode graphs, prefix caching)
     "v2-graph-pc": (True, True, True), "v2-eager": (True, False, False),
     "v1-graph": (False, True, False), "v1-eager-pc": (False, False, True),
 }
+# The LOCKS settings that must decode exactly (every prompt + 32 tokens < 2,100): a budget above
+# the context, or (v1-graph) a small budget under a minimum context above the context, which
+# keeps every sequence dense per sequence inside the full decode graphs (the plan's dense_below).
+DENSE_LOCKS = {"v1-graph": {"budget": 256, "min_context": 16384}}
+DENSE_LOCKS_DEFAULT = {"budget": 16384}
 
 
 # -- one engine in one subprocess ----------------------------------------------------------------
@@ -274,12 +279,13 @@ def correct(args) -> int:
         with_pk = first_config and args.passkey
         fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
         fa = run_engine(f"{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), fa_runs, env, args.out)
+        dense_locks = DENSE_LOCKS.get(name, DENSE_LOCKS_DEFAULT)
         lk = run_engine(f"{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
-                        additional_config={"locks": {"budget": 16384}}), runs, env, args.out)
+                        additional_config={"locks": dense_locks}), runs, env, args.out)
         # The noise floor: vLLM's own second exact backend against FLASH_ATTN, same settings,
         # in every configuration (config_noise_floor).
         tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
-        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc}
+        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "locks_settings": dense_locks}
         if fa is None or lk is None or tr is None:
             entry["error"] = "engine failed (see logs)"
             ok = False

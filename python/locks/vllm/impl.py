@@ -154,7 +154,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
                page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
                num_blocks=num_blocks, max_batch=b.q.shape[0], max_blocks_per_seq=b.block_table.shape[1],
                budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-               scale=self.scale, device=device)
+               dense_below=s.effective_min_context, scale=self.scale, device=device)
         self.wrapper, self._plan_key = w, key
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,

@@ -49,9 +49,10 @@ def _num_pages(n: int, P: int) -> int:
 
 
 def select(q, summaries, block_table, seq_lens, budget: int, sink_pages: int = 0,
-           recent_pages: int = 0, scale: float | None = None):
+           recent_pages: int = 0, scale: float | None = None, dense_below: int = 0):
     """Logical page indices selected per (sequence, KV head): a list over the batch of
-    [H] lists of sorted page indices."""
+    [H] lists of sorted page indices. A sequence within the budget or shorter than
+    dense_below tokens (the minimum context) keeps every page."""
     mu, basis, coeff = (t.to(torch.float64) for t in summaries)
     B, Hq, d = q.shape
     H, P = mu.shape[1], coeff.shape[2]
@@ -66,7 +67,7 @@ def select(q, summaries, block_table, seq_lens, budget: int, sink_pages: int = 0
         tail = [npages - 1] if n % P else []
         per_head = []
         for h in range(H):
-            if n <= budget:
+            if n <= budget or n < dense_below:
                 per_head.append(list(range(npages)))
                 continue
             forced = set(tail)
@@ -117,9 +118,9 @@ def attend(q, k_cache, v_cache, block_table, seq_lens, pages=None, scale: float 
 
 
 def decode(q, k_cache, v_cache, summaries, block_table, seq_lens, budget, sink_pages=0,
-           recent_pages=0, scale=None, dense=False):
+           recent_pages=0, scale=None, dense=False, dense_below=0):
     pages = None if dense else select(q, summaries, block_table, seq_lens, budget, sink_pages,
-                                      recent_pages, scale)
+                                      recent_pages, scale, dense_below)
     return attend(q, k_cache, v_cache, block_table, seq_lens, pages, scale)
 
 
@@ -134,16 +135,18 @@ class ReferenceWrapper:
 
     def plan(self, *, num_q_heads, num_kv_heads, head_dim, page_size=16, rank=8, precision="fp32",
              kv_dtype=torch.bfloat16, num_blocks, max_batch, max_blocks_per_seq,
-             budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu"):
+             budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu",
+             dense_below=0):
         self.budget, self.sink, self.recent, self.scale = budget_tokens, sink_pages, recent_pages, scale
-        self.rank = rank
-        self.capacity = min(-(-budget_tokens // page_size), max_blocks_per_seq)
+        self.rank, self.dense_below = rank, dense_below
+        self.capacity = ReferenceOps.select_capacity(budget_tokens, page_size, max_blocks_per_seq,
+                                                     dense_below)
 
     def run(self, q, k_cache, v_cache, summaries, block_table, seq_lens, *, out=None, lse=None,
             pages=None, counts=None, dense=False):
         self.runs.append((q.shape[0], dense))
         o, l = decode(q, k_cache, v_cache, summaries, block_table, seq_lens, self.budget,
-                      self.sink, self.recent, self.scale, dense)
+                      self.sink, self.recent, self.scale, dense, self.dense_below)
         out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
         lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
         out.copy_(o)
@@ -159,6 +162,13 @@ class ReferenceOps:
         self.updates = 0
 
     DecodeWrapper = ReferenceWrapper
+
+    @staticmethod
+    def select_capacity(budget_tokens, page_size, max_blocks_per_seq, dense_below=0):
+        """rules.h's select_capacity, written out: ceil(b / P) slots, or every page of a
+        sequence of dense_below - 1 tokens if more, at most max_blocks_per_seq."""
+        by_dense = _num_pages(dense_below - 1, page_size) if dense_below > 1 else 0
+        return min(max(_num_pages(budget_tokens, page_size), by_dense), max_blocks_per_seq)
 
     def summary_update(self, k_cache, block_table, seq_lens, summaries, slot_mapping=None):
         self.updates += 1
