@@ -111,6 +111,31 @@ def test_cuda_select_matches_cpu_up_to_near_ties(d, H, Hq, dtype, precision, bud
     assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_cuda_dense_below_matches_cpu(precision):
+    """The minimum context (dense_below) through the CUDA plan: sequences shorter than the
+    longest keep every page, the longest selects under budget 128, as on the CPU."""
+    k, _, bt, sl, q = paged()
+    nb, mb, H, d, Hq = k.shape[0], bt.shape[1], 2, 128, q.shape[1]
+    s = ops.new_summaries(nb, H, d, P, 8, precision=precision)
+    ops.summary_build(k, full_blocks(bt, sl), s)
+    sg = [t.to(DEV) for t in s]
+    longest = int(sl.max())
+    assert int(sl.min()) < longest and longest > 128
+    wc = wrapper("cpu", 4, Hq, H, d, nb, mb, 128, precision, dense_below=longest)
+    wg = wrapper(DEV, 4, Hq, H, d, nb, mb, 128, precision, dense_below=longest)
+    assert wc.capacity == wg.capacity == ops.select_capacity(128, P, mb, dense_below=longest)
+    pc, cc = wc.select(q, s, bt, sl)
+    pg, cg = wg.select(q.to(DEV), sg, bt.to(DEV), sl.to(DEV))
+    for b in range(sl.shape[0]):
+        n = -(-int(sl[b]) // P)
+        if int(sl[b]) < longest:  # exact: every page, in order, on both backends
+            assert cg[b].tolist() == cc[b].tolist() == [n] * H
+            assert pg[b, :, :n].cpu().tolist() == [list(range(n))] * H
+    shares, A = group_shares(q, as_float_summaries(s), bt, sl, d ** -0.5)
+    assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
+
+
 @pytest.mark.parametrize("d,H,Hq", [(128, 2, 16), (256, 1, 4)])
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_cuda_query_weighted_matches_cpu(d, H, Hq, precision):
