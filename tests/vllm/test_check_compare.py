@@ -1,7 +1,10 @@
 """compare_greedy (locks.vllm.check): the pass rule of the H200 correctness run, token identity
 or, at each sequence's first divergence, a numerical tie of the reference's top two tokens."""
-from locks.vllm.check import (TIE_NATS, compare_greedy, config_noise_floor, noise_floor,
-                              within_noise_floor)
+import random
+
+from locks.vllm.check import (DEVIATION_SLACK, TIE_NATS, compare_greedy, config_noise_floor,
+                              deviation_within, judge_config, logprob_deviation, noise_floor,
+                              pooled_deviation, within_noise_floor)
 
 
 def run(tokens, logprobs=None):
@@ -57,3 +60,61 @@ def test_a_configuration_floor_is_the_widest_over_its_runs():
     assert config_noise_floor([first]) == 0.125
     assert config_noise_floor([]) == TIE_NATS  # no run, no measured noise: the tie rule alone
     assert config_noise_floor([{"margins_at_divergence": [None, 0.05]}]) == TIE_NATS
+
+
+def test_logprob_deviation_covers_shared_contexts_only():
+    ref = run([[1, 2, 3], [4, 5]], [[{"1": -0.1, "8": -2.0}, {"2": -0.5}, {"3": -0.2}],
+                                     [{"4": -1.0}, {"5": -0.3}]])
+    oth = run([[1, 9, 3], [4, 5]], [[{"1": -0.2, "8": -2.5}, {"2": -0.7, "9": -0.6}, {"3": -9.0}],
+                                     [{"4": -1.0}, {"5": -0.3, "6": -1.0}]])
+    d = logprob_deviation(ref, oth)
+    # seq 0: step 0 (0.1, 0.5), step 1 = the divergence, shared context (0.2); step 2 follows a
+    # different token: not compared. seq 1: 0.0, 0.0.
+    assert d["n"] == 5 and abs(d["max"] - 0.5) < 1e-9 and abs(d["mean"] - 0.16) < 1e-9
+    assert logprob_deviation(run([[1]]), run([[1]]))["n"] == 0  # no logprobs: nothing measured
+
+
+def test_deviation_rule_and_the_floor_it_widens():
+    tr = {"n": 1000, "mean": 0.07, "p99": 0.36, "max": 0.63}
+    assert deviation_within({"n": 900, "mean": 0.06, "p99": 0.32, "max": 0.5}, tr)
+    assert deviation_within({"n": 900, "mean": 0.07 * DEVIATION_SLACK, "p99": 0.36, "max": 2}, tr)
+    assert not deviation_within({"n": 900, "mean": 0.2, "p99": 0.3, "max": 0.5}, tr)
+    assert not deviation_within({"n": 900, "mean": 0.05, "p99": 0.6, "max": 0.7}, tr)
+    assert deviation_within({"n": 9, "mean": 5, "p99": 5, "max": 5}, {"n": 0})  # nothing measured
+    # The floor: the wider of TRITON's divergence margins and its largest logprob deviation.
+    assert config_noise_floor([{"margins_at_divergence": [0.125]}], [tr]) == 0.63
+    assert config_noise_floor([{"margins_at_divergence": [0.75]}], [tr]) == 0.75
+    p = pooled_deviation([{"n": 1, "mean": 1.0, "p99": 1.0, "max": 1.0},
+                          {"n": 3, "mean": 0.0, "p99": 0.5, "max": 2.0}, {"n": 0}])
+    assert p == {"n": 4, "mean": 0.25, "p99": 1.0, "max": 2.0}
+
+
+def _noisy_run(rng, sigma, n_seq=8, steps=32, base=None, flip_at=None):
+    """Greedy tokens 1..steps with top-3 logprobs perturbed by N(0, sigma) around base's."""
+    toks, lps = [], []
+    for s in range(n_seq):
+        t, lp = [], []
+        for i in range(steps):
+            ref = base["logprobs"][s][i] if base else {str(i + 1): -0.2, "900": -0.35, "901": -2.5}
+            lp.append({k: v + rng.gauss(0, sigma) for k, v in ref.items()})
+            t.append(900 if flip_at == (s, i) else i + 1)
+        toks.append(t)
+        lps.append(lp)
+    return {"name": "ragged", "tokens": toks, "logprobs": lps}
+
+
+def test_judge_config_passes_noise_like_tritons_and_fails_a_noisier_backend():
+    rng = random.Random(0)
+    fa = _noisy_run(rng, 0.0)
+    tr = _noisy_run(rng, 0.08, base=fa)
+    # As exact as TRITON, one divergence at a 0.15-nat margin (no tie, but inside the largest
+    # deviation TRITON shows, ~0.25 at sigma 0.08 over ~770 values):
+    ok_run = _noisy_run(rng, 0.07, base=fa, flip_at=(3, 10))
+    e = {}
+    assert judge_config(e, [fa], [ok_run], [tr])
+    assert e["deviation_within_triton"] and e["noise_floor_nats"] > 0.15
+    assert not e["ragged"]["all_divergences_are_ties"] and e["ragged"]["within_noise_floor"]
+    # A backend three times noisier fails on the deviation, though it never diverges.
+    e = {}
+    assert not judge_config(e, [fa], [_noisy_run(rng, 0.25, base=fa)], [tr])
+    assert not e["deviation_within_triton"] and e["ragged"]["identical"] == 8
