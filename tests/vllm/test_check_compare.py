@@ -3,8 +3,8 @@ or, at each sequence's first divergence, a numerical tie of the reference's top 
 import random
 
 from locks.vllm.check import (DEVIATION_SLACK, TIE_NATS, compare_greedy, config_noise_floor,
-                              deviation_within, judge_config, logprob_deviation, noise_floor,
-                              pooled_deviation, within_noise_floor)
+                              judge_config, judge_tail, logprob_deviation, mean_within,
+                              noise_floor, summarize_deviation, tail_within, within_noise_floor)
 
 
 def run(tokens, logprobs=None):
@@ -74,19 +74,20 @@ def test_logprob_deviation_covers_shared_contexts_only():
     assert logprob_deviation(run([[1]]), run([[1]]))["n"] == 0  # no logprobs: nothing measured
 
 
-def test_deviation_rule_and_the_floor_it_widens():
+def test_deviation_rules_and_the_floor_they_widen():
     tr = {"n": 1000, "mean": 0.07, "p99": 0.36, "max": 0.63}
-    assert deviation_within({"n": 900, "mean": 0.06, "p99": 0.32, "max": 0.5}, tr)
-    assert deviation_within({"n": 900, "mean": 0.07 * DEVIATION_SLACK, "p99": 0.36, "max": 2}, tr)
-    assert not deviation_within({"n": 900, "mean": 0.2, "p99": 0.3, "max": 0.5}, tr)
-    assert not deviation_within({"n": 900, "mean": 0.05, "p99": 0.6, "max": 0.7}, tr)
-    assert deviation_within({"n": 9, "mean": 5, "p99": 5, "max": 5}, {"n": 0})  # nothing measured
+    assert mean_within({"n": 900, "mean": 0.06, "p99": 9, "max": 9}, tr)
+    assert mean_within({"n": 900, "mean": 0.07 * DEVIATION_SLACK, "p99": 0.36, "max": 2}, tr)
+    assert not mean_within({"n": 900, "mean": 0.2, "p99": 0.3, "max": 0.5}, tr)
+    assert tail_within({"n": 900, "mean": 9, "p99": 0.36 * DEVIATION_SLACK, "max": 9}, tr)
+    assert not tail_within({"n": 900, "mean": 0.05, "p99": 0.6, "max": 0.7}, tr)
+    for rule in (mean_within, tail_within):  # nothing measured: no verdict against
+        assert rule({"n": 9, "mean": 5, "p99": 5, "max": 5}, {"n": 0})
     # The floor: the wider of TRITON's divergence margins and its largest logprob deviation.
     assert config_noise_floor([{"margins_at_divergence": [0.125]}], [tr]) == 0.63
     assert config_noise_floor([{"margins_at_divergence": [0.75]}], [tr]) == 0.75
-    p = pooled_deviation([{"n": 1, "mean": 1.0, "p99": 1.0, "max": 1.0},
-                          {"n": 3, "mean": 0.0, "p99": 0.5, "max": 2.0}, {"n": 0}])
-    assert p == {"n": 4, "mean": 0.25, "p99": 1.0, "max": 2.0}
+    assert summarize_deviation([0.0, 1.0, 0.5, 0.5]) == {"n": 4, "mean": 0.5, "p99": 1.0, "max": 1.0}
+    assert summarize_deviation([])["n"] == 0
 
 
 def _noisy_run(rng, sigma, n_seq=8, steps=32, base=None, flip_at=None):
@@ -111,10 +112,32 @@ def test_judge_config_passes_noise_like_tritons_and_fails_a_noisier_backend():
     # deviation TRITON shows, ~0.25 at sigma 0.08 over ~770 values):
     ok_run = _noisy_run(rng, 0.07, base=fa, flip_at=(3, 10))
     e = {}
-    assert judge_config(e, [fa], [ok_run], [tr])
-    assert e["deviation_within_triton"] and e["noise_floor_nats"] > 0.15
+    ok, lk_vals, tr_vals = judge_config(e, [fa], [ok_run], [tr])
+    assert ok and e["mean_deviation_within_triton"] and e["noise_floor_nats"] > 0.15
     assert not e["ragged"]["all_divergences_are_ties"] and e["ragged"]["within_noise_floor"]
-    # A backend three times noisier fails on the deviation, though it never diverges.
+    report = {}
+    assert judge_tail(report, lk_vals, tr_vals) and report["pooled_logprob_deviation"]["locks"]["n"] > 700
+    # A backend three times noisier fails on the mean, though it never diverges, and its tail
+    # fails the pooled check.
     e = {}
-    assert not judge_config(e, [fa], [_noisy_run(rng, 0.25, base=fa)], [tr])
-    assert not e["deviation_within_triton"] and e["ragged"]["identical"] == 8
+    ok, lk_vals, tr_vals = judge_config(e, [fa], [_noisy_run(rng, 0.25, base=fa)], [tr])
+    assert not ok and not e["mean_deviation_within_triton"] and e["ragged"]["identical"] == 8
+    assert not judge_tail({}, lk_vals, tr_vals)
+
+
+def test_judge_command_rejudges_saved_runs(tmp_path):
+    """`python -m locks.vllm.check judge` recomputes the verdict from a run's saved JSON files
+    (and says FAIL when a configuration's files are missing)."""
+    import json
+
+    from locks.vllm.check import main
+
+    rng = random.Random(1)
+    fa = _noisy_run(rng, 0.0)
+    for name, run_ in (("fa", fa), ("locks-dense", _noisy_run(rng, 0.07, base=fa)),
+                       ("triton", _noisy_run(rng, 0.08, base=fa))):
+        (tmp_path / f"v2-eager-{name}.json").write_text(json.dumps({"runs": [run_]}))
+    assert main(["judge", "--out", str(tmp_path), "--configs", "v2-eager"]) == 0
+    saved = json.loads((tmp_path / "vllm_correct_rejudged.json").read_text())
+    assert saved["pass"] and saved["configs"]["v2-eager"]["mean_deviation_within_triton"]
+    assert main(["judge", "--out", str(tmp_path), "--configs", "v2-eager,v1-graph"]) == 1

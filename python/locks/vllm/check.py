@@ -2,6 +2,7 @@
 
   python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc]
   python -m locks.vllm.check latency --out DIR [--rows "glm 131072 1;glm 1048576 1;llama 131072 4"]
+  python -m locks.vllm.check judge --out DIR   (the correct verdict again, from DIR's saved runs)
 
 Every engine runs in its own subprocess (fresh CUDA context, nothing shared), one after the
 other, in the same invocation: FLASH_ATTN and LOCKS (CUSTOM) with identical vLLM settings.
@@ -240,11 +241,11 @@ def noise_floor(floor_cmp: dict | None) -> float:
     return max([TIE_NATS] + margins)
 
 
-def logprob_deviation(ref_run: dict, other_run: dict) -> dict:
+def deviation_values(ref_run: dict, other_run: dict) -> list:
     """How far another backend's log-probabilities lie from the reference's where both decode
     the same context: at every step of each sequence up to and including its first divergence
     (the prefix is still shared there), |difference| of the logprob of every token both report
-    in their top-k. n, mean, p99 and max over all of them (zeros when nothing is shared)."""
+    in their top-k."""
     d = []
     for s, (a, b) in enumerate(zip(ref_run["tokens"], other_run["tokens"])):
         lra, lrb = (ref_run.get("logprobs") or [])[s:s + 1], (other_run.get("logprobs") or [])[s:s + 1]
@@ -257,37 +258,43 @@ def logprob_deviation(ref_run: dict, other_run: dict) -> dict:
             d.extend(abs(v - lb[t]) for t, v in la.items() if t in lb)
             if x != y:
                 break
-    if not d:
+    return d
+
+
+def summarize_deviation(values: list) -> dict:
+    """n, mean, p99 and max of deviation values (zeros when there are none)."""
+    if not values:
         return {"n": 0, "mean": 0.0, "p99": 0.0, "max": 0.0}
-    d.sort()
+    d = sorted(values)
     return {"n": len(d), "mean": sum(d) / len(d), "p99": d[min(len(d) - 1, int(0.99 * len(d)))],
             "max": d[-1]}
 
 
-# LOCKS's logprob deviation from FLASH_ATTN may exceed TRITON_ATTN's by this factor (mean and
-# p99) before the run fails: about 1,000 deviations a configuration put the sampling error
-# of a mean near 5%, of a p99 near 15%.
+def logprob_deviation(ref_run: dict, other_run: dict) -> dict:
+    """summarize_deviation of deviation_values."""
+    return summarize_deviation(deviation_values(ref_run, other_run))
+
+
+# LOCKS's logprob deviation from FLASH_ATTN may exceed TRITON_ATTN's by this factor before the
+# run fails: on the mean per configuration (~1,000 values: bootstrap sd ~3-5% on the H200 run
+# of 2026-12-03) and on the p99 of all configurations pooled (~6,000 values: sd ~6%; per
+# configuration the p99's sd was 7-12%, too noisy to judge one configuration by).
 DEVIATION_SLACK = 1.25
 
 
-def deviation_within(dev: dict, floor_dev: dict) -> bool:
-    """A backend is as exact as vLLM's own second exact backend: its logprob deviation from
-    FLASH_ATTN (logprob_deviation) no wider than TRITON_ATTN's, mean and p99, within
+def mean_within(dev: dict, floor_dev: dict) -> bool:
+    """A backend's mean logprob deviation from FLASH_ATTN no wider than TRITON_ATTN's, within
     DEVIATION_SLACK. True when TRITON shares nothing to compare with (no measurement)."""
     if not floor_dev or floor_dev["n"] == 0:
         return True
-    return (dev["mean"] <= DEVIATION_SLACK * floor_dev["mean"]
-            and dev["p99"] <= DEVIATION_SLACK * floor_dev["p99"])
+    return dev["mean"] <= DEVIATION_SLACK * floor_dev["mean"]
 
 
-def pooled_deviation(devs: list) -> dict:
-    """logprob_deviation summaries of several runs as one (n-weighted mean; max of p99, max)."""
-    devs = [x for x in devs if x and x["n"]]
-    n = sum(x["n"] for x in devs)
-    if not n:
-        return {"n": 0, "mean": 0.0, "p99": 0.0, "max": 0.0}
-    return {"n": n, "mean": sum(x["mean"] * x["n"] for x in devs) / n,
-            "p99": max(x["p99"] for x in devs), "max": max(x["max"] for x in devs)}
+def tail_within(dev: dict, floor_dev: dict) -> bool:
+    """The same for the p99 (judged on the pooled configurations)."""
+    if not floor_dev or floor_dev["n"] == 0:
+        return True
+    return dev["p99"] <= DEVIATION_SLACK * floor_dev["p99"]
 
 
 def config_noise_floor(floor_cmps: list, floor_devs: list = ()) -> float:
@@ -306,31 +313,43 @@ def within_noise_floor(cmp: dict, floor: float) -> bool:
     return all(m is not None and m <= floor for m in cmp["margins_at_divergence"])
 
 
-def judge_config(entry: dict, fa_runs: list, lk_runs: list, tr_runs: list) -> bool:
-    """The verdict of one configuration, written into `entry` run by run. Pass: every run's
+def judge_config(entry: dict, fa_runs: list, lk_runs: list, tr_runs: list):
+    """The verdict of one configuration, written into `entry` run by run: (pass, LOCKS's and
+    TRITON's deviation values for the pooled tail check of judge_tail). Pass: every run's
     greedy tokens identical to FLASH_ATTN's or each first divergence at a numerical tie
-    (TIE_NATS) or within the configuration's noise floor (config_noise_floor), AND LOCKS's
-    logprobs no farther from FLASH_ATTN's than TRITON_ATTN's are (deviation_within, pooled over
-    the configuration's runs)."""
+    (TIE_NATS) or within the configuration's noise floor (config_noise_floor), AND LOCKS's mean
+    logprob deviation from FLASH_ATTN no wider than TRITON_ATTN's (mean_within, over the
+    configuration's runs)."""
     floor_cmps = [compare_greedy(rf, rt) for rf, rt in zip(fa_runs, tr_runs)]
-    floor_devs = [logprob_deviation(rf, rt) for rf, rt in zip(fa_runs, tr_runs)]
+    tr_vals = [deviation_values(rf, rt) for rf, rt in zip(fa_runs, tr_runs)]
+    floor_devs = [summarize_deviation(v) for v in tr_vals]
     entry["noise_floor_nats"] = floor = config_noise_floor(floor_cmps, floor_devs)
     ok = True
-    lk_devs = []
+    lk_all, tr_all = [], [x for v in tr_vals for x in v]
     for rf, rl, ft, fd in zip(fa_runs, lk_runs, floor_cmps, floor_devs):
         c = compare_greedy(rf, rl)
         c["triton_vs_flash_attn"] = ft
         c["noise_floor_nats"] = floor
         c["within_noise_floor"] = within_noise_floor(c, floor)
-        c["logprob_deviation"] = dev = logprob_deviation(rf, rl)
+        vals = deviation_values(rf, rl)
+        lk_all.extend(vals)
+        c["logprob_deviation"] = summarize_deviation(vals)
         c["triton_logprob_deviation"] = fd
-        lk_devs.append(dev)
         entry[rf["name"]] = c
         ok &= c["all_divergences_are_ties"] or c["within_noise_floor"]
-    entry["logprob_deviation"] = lk_pool = pooled_deviation(lk_devs)
-    entry["triton_logprob_deviation"] = tr_pool = pooled_deviation(floor_devs)
-    entry["deviation_within_triton"] = dev_ok = deviation_within(lk_pool, tr_pool)
-    return ok and dev_ok
+    entry["logprob_deviation"] = lk_sum = summarize_deviation(lk_all)
+    entry["triton_logprob_deviation"] = tr_sum = summarize_deviation(tr_all)
+    entry["mean_deviation_within_triton"] = mean_ok = mean_within(lk_sum, tr_sum)
+    return ok and mean_ok, lk_all, tr_all
+
+
+def judge_tail(report: dict, lk_values: list, tr_values: list) -> bool:
+    """The pooled tail check over every configuration (the same model and prompts): LOCKS's
+    p99 logprob deviation from FLASH_ATTN no wider than TRITON_ATTN's (tail_within)."""
+    lk, tr = summarize_deviation(lk_values), summarize_deviation(tr_values)
+    ok = tail_within(lk, tr)
+    report["pooled_logprob_deviation"] = {"locks": lk, "triton": tr, "p99_within_triton": ok}
+    return ok
 
 
 def correct(args) -> int:
@@ -348,6 +367,7 @@ def correct(args) -> int:
     base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
                 gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
     report, ok = {"configs": {}}, True
+    pooled_lk, pooled_tr = [], []
     for name in args.configs.split(","):
         v2, graphs, pc = CORRECT_CONFIGS[name]
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
@@ -370,7 +390,10 @@ def correct(args) -> int:
             entry["error"] = "engine failed (see logs)"
             ok = False
         else:
-            ok &= judge_config(entry, fa["runs"], lk["runs"], tr["runs"])
+            cfg_ok, lk_vals, tr_vals = judge_config(entry, fa["runs"], lk["runs"], tr["runs"])
+            ok &= cfg_ok
+            pooled_lk.extend(lk_vals)
+            pooled_tr.extend(tr_vals)
         if with_pk and fa is not None:
             lk5 = run_engine(f"{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
                              additional_config={"locks": {"budget": 512}}),
@@ -388,6 +411,7 @@ def correct(args) -> int:
             entry["passkey_b512"] = got
         report["configs"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
+    ok &= judge_tail(report, pooled_lk, pooled_tr)
     report["pass"] = bool(ok)
     json.dump(report, open(os.path.join(args.out, "vllm_correct.json"), "w"), indent=1)
     print("VLLM CORRECT", "PASS" if ok else "FAIL")
@@ -476,6 +500,42 @@ def latency(args) -> int:
     return 0 if all("speedup" in r for r in table) else 1
 
 
+def judge(args) -> int:
+    """The `correct` verdict recomputed from a finished run's saved engine outputs
+    (DIR/<config>-{fa,locks-dense,triton}.json; the passkey result from DIR/vllm_correct.json):
+    how a run is re-judged when the rule changes, without the GPU."""
+    old = {}
+    path = os.path.join(args.out, "vllm_correct.json")
+    if os.path.exists(path):
+        old = json.load(open(path))
+    report, ok, pooled_lk, pooled_tr = {"configs": {}, "rejudged": True}, True, [], []
+    for name in args.configs.split(","):
+        files = [os.path.join(args.out, f"{name}-{k}.json") for k in ("fa", "locks-dense", "triton")]
+        if not all(os.path.exists(f) for f in files):
+            print(f"{name}: missing {[f for f in files if not os.path.exists(f)]}")
+            ok = False
+            continue
+        fa, lk, tr = (json.load(open(f))["runs"] for f in files)
+        entry = {k: v for k, v in old.get("configs", {}).get(name, {}).items()
+                 if k in ("v2", "graphs", "prefix_caching", "locks_settings", "passkey_b512")}
+        cfg_ok, lk_vals, tr_vals = judge_config(entry, fa, lk, tr[:len(fa)])
+        pk = entry.get("passkey_b512")
+        if pk is not None:
+            cfg_ok &= pk.get("flash_attn_found") == pk.get("locks_found")
+        ok &= cfg_ok
+        pooled_lk.extend(lk_vals)
+        pooled_tr.extend(tr_vals)
+        report["configs"][name] = entry
+        print(name, "pass" if cfg_ok else "FAIL", json.dumps({k: entry[k] for k in (
+            "noise_floor_nats", "logprob_deviation", "triton_logprob_deviation")}), flush=True)
+    ok &= judge_tail(report, pooled_lk, pooled_tr)
+    report["pass"] = bool(ok)
+    print(json.dumps(report["pooled_logprob_deviation"]))
+    json.dump(report, open(os.path.join(args.out, "vllm_correct_rejudged.json"), "w"), indent=1)
+    print("VLLM CORRECT (rejudged)", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_engine":
@@ -490,6 +550,9 @@ def main(argv=None) -> int:
     c.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
     c.add_argument("--no-passkey", dest="passkey", action="store_false",
                    help="skip the budget-512 passkey engines")
+    jd = sub.add_parser("judge")
+    jd.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    jd.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
     lt = sub.add_parser("latency")
     lt.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     lt.add_argument("--rows", default="glm 131072 1;glm 262144 1;glm 1048576 1")
@@ -505,7 +568,7 @@ def main(argv=None) -> int:
     lt.add_argument("--no-skip-prefill", dest="skip_prefill", action="store_false")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    return {"smoke": smoke, "correct": correct, "latency": latency}[a.cmd](a)
+    return {"smoke": smoke, "correct": correct, "latency": latency, "judge": judge}[a.cmd](a)
 
 
 if __name__ == "__main__":
