@@ -29,7 +29,7 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cu
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  echo "commit: ${LOCKS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "commit: $(bash scripts/commit_id.sh)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 } | tee "$OUT/device.txt"
 

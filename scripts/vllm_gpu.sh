@@ -43,7 +43,7 @@ phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(build smoke)
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  echo "commit: ${LOCKS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "commit: $(bash scripts/commit_id.sh)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>/dev/null
 } | tee "$V/device.txt"

@@ -116,6 +116,29 @@ TEST(Plan, IntsCarryTheAdaptiveBudget) {
   EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
 }
 
+TEST(Plan, IntsCarryTheMinimumContext) {
+  DecodeParams p = some_params();
+  p.select.dense_below = 150;  // 149 tokens: 10 pages, more than the budget's 7
+  const DecodePlan plan = cpu::plan_decode(p);
+  EXPECT_EQ(plan.capacity, 10);
+  const std::vector<int64_t> v = plan.to_ints();
+  const DecodePlan back = DecodePlan::from_ints(v);
+  EXPECT_EQ(back.params.select.dense_below, 150);
+  EXPECT_EQ(back.capacity, 10);
+  EXPECT_EQ(back.to_ints(), v);
+  // The last field: a changed value disagrees with the capacity (refused); a negative one is
+  // refused by the selection rules.
+  const auto at = std::find(v.rbegin(), v.rend(), int64_t(150));
+  ASSERT_NE(at, v.rend());
+  std::vector<int64_t> bad = v;
+  bad[size_t(v.rend() - at - 1)] = 300;
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+  bad[size_t(v.rend() - at - 1)] = -1;
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+  p.select.dense_below = -5;
+  EXPECT_THROW(cpu::plan_decode(p), InvalidArgument);
+}
+
 TEST(Plan, RejectsBadParamsWithTheRightClass) {
   DecodeParams p = some_params();
   p.select = {15, 0, 0};  // less than one page
