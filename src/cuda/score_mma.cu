@@ -179,13 +179,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   const int gid = lane >> 2, tig = lane & 3;
   // Untrusted device values (docs/bad_input.md): an invalid length scores no page; an invalid
   // block id is not loaded (zero-filled) and its page scores -inf.
+  // The three independent global reads of the prologue are issued together (ncu at Llama
+  // 128K batch 1: the query load, issued after the block ids, which waited for the length,
+  // took 10% of the kernel's stall samples): the length, the warp's block ids (bounded by the
+  // row's M entries; the length decides below which are pages) and the query values this
+  // lane converts further down.
   const int len = seq_lens[b];
-  const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   const int jw = chunk * CP + warp * ppw;  // first page of the warp
   const int32_t* bt = block_table + int64_t(b) * bt_stride + h * bt_head_stride;
+  const int32_t blk_pre = (lane < ppw && jw + lane < M) ? bt[jw + lane] : -1;
+  constexpr int kQRows = (GMAX + kMmaWarps - 1) / kMmaWarps, kQCols = D / 32;
+  float qpre[kQRows][kQCols];
+#pragma unroll
+  for (int i = 0; i < kQRows; ++i) {
+    const int g = warp + i * kMmaWarps;
+#pragma unroll
+    for (int j = 0; j < kQCols; ++j)
+      qpre[i][j] = g < GMAX && g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + lane + 32 * j] : 0.0f;
+  }
+  const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   Stage<D, NG>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
-  const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? bt[jw + lane] : -1;
+  const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? blk_pre : -1;
   const bool blk_ok = blk_raw >= 0 && blk_raw < S.num_blocks;
   const unsigned bad_pages = __ballot_sync(kFull, !blk_ok && lane < ppw && jw + lane < n_full);
   const int32_t blk_all = blk_ok ? blk_raw : -1;
@@ -203,10 +218,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   // Query rows (scaled to log2 units); per head a power-of-two normaliser for q and one for
   // q / w (query-weighted summaries: the basis multiplies q / w, the centroid q).
   const float* qw = S.qweight ? S.qweight + int64_t(h) * D : nullptr;
-  for (int g = warp; g < GMAX; g += kMmaWarps) {
+#pragma unroll
+  for (int i = 0; i < kQRows; ++i) {
+    const int g = warp + i * kMmaWarps;
+    if (g >= GMAX) break;  // warp-uniform
     float mx = 0.0f, mxw = 0.0f;
-    for (int c = lane; c < D; c += 32) {
-      const float x = g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + c] * (scale * kLog2e) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQCols; ++j) {
+      const int c = lane + 32 * j;
+      const float x = qpre[i][j] * (scale * kLog2e);
       qs[g][c] = x;
       mx = fmaxf(mx, fabsf(x));
       mxw = fmaxf(mxw, fabsf(qw ? x / qw[c] : x));
