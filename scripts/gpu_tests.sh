@@ -76,10 +76,10 @@ for p in "${phases[@]}"; do
       IFS=';' read -ra rows <<<"${LOCKS_AB_ROWS:-Llama 131072 8;Llama 1048576 1;Llama 131072 1;GLM 1048576 1;GLM 262144 1;Llama 32768 1}"
       for rep in 1 2; do
         for row in "${rows[@]}"; do
-          for bin in "$base" "$BENCH"; do
-            args=${LOCKS_AB_ARGS:-}
-            [ "$bin" = "$base" ] && args=${LOCKS_AB_BASE_ARGS:-}
-            echo "== rep $rep $(basename "$bin") $row $args" | tee -a "$OUT/ab.log"
+          for side in base new; do
+            # (by side, not by path: the base may be the same binary with other options)
+            if [ $side = base ]; then bin=$base args=${LOCKS_AB_BASE_ARGS:-}; else bin=$BENCH args=${LOCKS_AB_ARGS:-}; fi
+            echo "== rep $rep $side $(basename "$bin") $row $args" | tee -a "$OUT/ab.log"
             # shellcheck disable=SC2086
             timeout 60 "$bin" /dev/null --only $row $args 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
           done

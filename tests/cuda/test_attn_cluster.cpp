@@ -161,9 +161,12 @@ TEST_P(AttnClusterLong, EveryClusterSizeMatchesTheReference) {
     }
     if (acl == -1) {
       merged = o;
-    } else {  // the same fp32 partials merged in another order: a few ulps apart
+    } else {
+      // P enters P V in the cache dtype, relative to its split's running max, so other split
+      // boundaries round each weight differently (2^-9 relative for bf16, 2^-12 for fp16):
+      // the two forms differ by ~1e-4 here (measured 6e-5), a split left unread by ~1e-2.
       for (size_t i = 0; i < o.size(); ++i)
-        ASSERT_NEAR(o[i], merged[i], 1e-5 * (1.0 + std::fabs(merged[i]))) << i;
+        ASSERT_NEAR(o[i], merged[i], 1e-3 * (1.0 + std::fabs(merged[i]))) << i;
     }
   }
 }
