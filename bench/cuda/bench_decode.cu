@@ -248,8 +248,8 @@ struct RowData {
   }
   ~RowData() {
     for (void* p : {k, v, (void*)dbt, (void*)dlens, (void*)dids, (void*)s.mu_q, (void*)s.mu_scale,
-                    (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q,
-                    (void*)s.coeff_scale, (void*)q, (void*)out})
+                    (void*)s.basis_q, (void*)s.basis_scale, (void*)s.coeff_q, (void*)s.coeff_scale,
+                    (void*)q, (void*)out})
       CK(cudaFree(p));
     CK(cudaStreamDestroy(st));
   }

@@ -26,7 +26,8 @@ struct DecodeParams {
   int max_blocks_per_seq = 1;  // batch.max_blocks_per_seq of every run is in [1, this]
   SelectConfig select;         // budget_tokens, sink_pages, recent_pages, tau, floor_pages
   float scale = 0.0f;          // softmax scale; 0 = 1/sqrt(head_dim)
-  // CUDA knobs (0 = chosen by the plan). Pages per tensor-core scoring block: 32, 48, 64, 96 or 128.
+  // CUDA knobs (0 = chosen by the plan). Pages per tensor-core scoring block: 32, 48, 64, 96 or
+  // 128.
   int score_chunk_pages = 0;
   // Pages per first-stage selection block: 2048 or 4096.
   int select_chunk_pages = 0;

@@ -115,8 +115,7 @@ __device__ void cluster_merge(const AttnArgs& a, bool row_ok, int b, int hq0, in
           row_ok ? (mx + log2f(lt)) * kLn2 : __int_as_float(0x7fc00000);
   }
   __syncthreads();
-  for (int e = rank * int(blockDim.x) + int(threadIdx.x); e < gc * D;
-       e += nr * int(blockDim.x)) {
+  for (int e = rank * int(blockDim.x) + int(threadIdx.x); e < gc * D; e += nr * int(blockDim.x)) {
     const int g = e / D;
     float v[kMaxRanks];
 #pragma unroll
@@ -563,9 +562,9 @@ const void* attn_kernel_for(int head_dim, int G) {
 void prepare_attention_kernels() {
   for (int d : limits::kHeadDims)
     for (int g : {1, 16}) {
-      for (const void* f : {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g),
-                            attn_kernel_for<__nv_bfloat16, true>(d, g),
-                            attn_kernel_for<__half, true>(d, g)})
+      for (const void* f :
+           {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g),
+            attn_kernel_for<__nv_bfloat16, true>(d, g), attn_kernel_for<__half, true>(d, g)})
         LOCKS_CUDA_CHECK(
             cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem(d)));
       for (const void* f :

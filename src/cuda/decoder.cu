@@ -62,9 +62,8 @@ void attend(const DecodePlan& plan, const Workspace& ws, const KvCacheView& cach
   const int pps = sel ? plan.sparse_pages_per_split : plan.dense_pages_per_split;
   detail::launch_attention(cache, batch, q.q, plan.params.num_q_heads, plan.params.scale, sel, pps,
                            std::max(plan.dense_splits, plan.sparse_splits),
-                           sel ? plan.attn_cluster : 0,
-                           region_ptr<float>(ws, plan.part_o), region_ptr<float>(ws, plan.part_ml),
-                           out.out, out.lse, st);
+                           sel ? plan.attn_cluster : 0, region_ptr<float>(ws, plan.part_o),
+                           region_ptr<float>(ws, plan.part_ml), out.out, out.lse, st);
 }
 
 }  // namespace
@@ -80,11 +79,10 @@ DecodePlan plan_decode(const DecodeParams& params) {
   LOCKS_REQUIRE(
       p.select_chunk_pages == 0 || p.select_chunk_pages == 2048 || p.select_chunk_pages == 4096,
       "select_chunk_pages must be 0 (auto), 2048 or 4096, got ", p.select_chunk_pages);
-  LOCKS_REQUIRE(p.score_chunk_pages == 0 || p.score_chunk_pages == 32 ||
-                    p.score_chunk_pages == 48 || p.score_chunk_pages == 64 ||
-                    p.score_chunk_pages == 96 || p.score_chunk_pages == 128,
-                "score_chunk_pages must be 0 (auto), 32, 48, 64, 96 or 128, got ",
-                p.score_chunk_pages);
+  LOCKS_REQUIRE(
+      p.score_chunk_pages == 0 || p.score_chunk_pages == 32 || p.score_chunk_pages == 48 ||
+          p.score_chunk_pages == 64 || p.score_chunk_pages == 96 || p.score_chunk_pages == 128,
+      "score_chunk_pages must be 0 (auto), 32, 48, 64, 96 or 128, got ", p.score_chunk_pages);
   const int M = p.max_blocks_per_seq, B = p.max_batch, Hq = p.num_q_heads, Hkv = L.num_kv_heads,
             G = plan.group;
   plan.score_chunks = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks

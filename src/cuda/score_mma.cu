@@ -608,9 +608,9 @@ const void* mma_kernel(int group) {
 template <int D, int NG>
 void prepare_dg() {
   for (int g : {4, 8, 16})
-    for (const void* f : {mma_kernel<D, 128, NG>(g), mma_kernel<D, 96, NG>(g),
-                          mma_kernel<D, 64, NG>(g), mma_kernel<D, 48, NG>(g),
-                          mma_kernel<D, 32, NG>(g)})
+    for (const void* f :
+         {mma_kernel<D, 128, NG>(g), mma_kernel<D, 96, NG>(g), mma_kernel<D, 64, NG>(g),
+          mma_kernel<D, 48, NG>(g), mma_kernel<D, 32, NG>(g)})
       LOCKS_CUDA_CHECK(
           cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D, NG>()));
 }

@@ -31,7 +31,9 @@ DecodeParams llama_params(int B, int M, int forced) {
 
 TEST(AttnClusterPlan, RuleAndRefusals) {
   SKIP_WITHOUT_GPU();
-  auto plan = [](int B, int M, int forced) { return cuda::plan_decode(llama_params(B, M, forced)); };
+  auto plan = [](int B, int M, int forced) {
+    return cuda::plan_decode(llama_params(B, M, forced));
+  };
   // 128K batch 1: 32 one-wave splits of 4 pages become a cluster of 16 splits of 8 pages
   // (or 8 of 16 where the device cannot co-schedule 16).
   const DecodePlan b1 = plan(1, 8192, 0);
@@ -123,8 +125,8 @@ TEST_P(AttnClusterLong, EveryClusterSizeMatchesTheReference) {
     }
   const Selection hsel{pages.data(), counts.data(), cap};
   std::vector<double> ro(size_t(B) * Hq * d), rl(size_t(B) * Hq);
-  ref::decode_attention(gc.host.view(), hb, QueryView{q.data(), Hq}, cuda::plan_decode(p).params.scale,
-                        &hsel, ro.data(), rl.data());
+  ref::decode_attention(gc.host.view(), hb, QueryView{q.data(), Hq},
+                        cuda::plan_decode(p).params.scale, &hsel, ro.data(), rl.data());
   DevBuf<int32_t> dp(pages), dc(counts);
 
   std::vector<float> merged;  // the merge-kernel form's output
