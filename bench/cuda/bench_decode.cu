@@ -5,8 +5,8 @@
 // the summary build (incremental per step, bulk). Rows that cannot run (device memory) print
 // why.
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
-//                         [--score-chunk 32|48|64|96|128] [--select-chunk 2048|4096] [--tau T]
-//                         [--select-cluster -1|1|2|4|8|16] [--attn-cluster -1|1|2|4|8|16]
+//                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
+//                         [--select-cluster -1|1|2|4|8|16]
 //   --only runs one row, any context and batch (the first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
 //       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--only M CONTEXT BATCH]
@@ -166,7 +166,6 @@ struct Opts {
   double alpha = 32.0;                    // --alpha
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
-  int attn_cluster = 0;                   // the same for the sparse-attention cluster
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   double ceiling = 4.4;
   FILE* csv = nullptr;
@@ -303,7 +302,6 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   plan.cfg.select.tau = o.tau;
   plan.select_chunk_pages = o.select_chunk;
   plan.select_cluster = o.select_cluster;
-  plan.attn_cluster = o.attn_cluster;
   {
     cuda::Decoder dec(plan);
     const QueryView qv{D.q, m.hq};
@@ -360,10 +358,10 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     std::printf(
         "  build_filled launch (%d x %d KV heads): %.1f us with a page completing, %.1f us with "
         "none; amortised %.2f%% of the step (aligned), %.2f%% (staggered); dense %.2f GB, LOCKS "
-        "%.1f MB, floor %.4f ms; scoring blocks of %d pages; attention cluster %d\n",
+        "%.1f MB, floor %.4f ms; scoring blocks of %d pages\n",
         B, m.hkv, t_build_full * 1e3, t_build_none * 1e3, 100 * t_build_step / t_locks,
         100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms,
-        dec.decode_plan().score_chunk_pages, dec.attn_cluster());
+        dec.decode_plan().score_chunk_pages);
     std::fflush(stdout);
     if (o.csv)
       std::fprintf(o.csv,
@@ -471,7 +469,6 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   p.super = U;
   p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
   p.select_cluster = o.select_cluster;
-  p.attn_cluster = o.attn_cluster;
   const DecodePlan plan = cuda::plan_decode(p);
   void* wsp;
   CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));
@@ -575,8 +572,6 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));
     if (std::strcmp(argv[i], "--select-cluster") == 0 && i + 1 < argc)
       o.select_cluster = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--attn-cluster") == 0 && i + 1 < argc)
-      o.attn_cluster = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--select-chunk") == 0 && i + 1 < argc)
       o.select_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {

@@ -26,8 +26,7 @@ struct DecodeParams {
   int max_blocks_per_seq = 1;  // batch.max_blocks_per_seq of every run is in [1, this]
   SelectConfig select;         // budget_tokens, sink_pages, recent_pages, tau, floor_pages
   float scale = 0.0f;          // softmax scale; 0 = 1/sqrt(head_dim)
-  // CUDA knobs (0 = chosen by the plan). Pages per tensor-core scoring block: 32, 48, 64, 96 or
-  // 128.
+  // CUDA knobs (0 = chosen by the plan). Pages per tensor-core scoring block: 32, 64, 96 or 128.
   int score_chunk_pages = 0;
   // Pages per first-stage selection block: 2048 or 4096.
   int select_chunk_pages = 0;
@@ -35,10 +34,6 @@ struct DecodeParams {
   // (sequence, KV head): 0 = the plan's rule (small grids, fixed budget), -1 = never (the
   // separate aggregation and two-stage selection), 1, 2, 4, 8 or 16 to force one.
   int select_cluster = 0;
-  // Sparse attention as one thread-block cluster per (sequence, KV head) that merges its
-  // splits in place (no merge launch): 0 = the plan's rule (batch-1-sized grids), -1 = never
-  // (split partials + the merge kernel), 1, 2, 4, 8 or 16 to force that many splits.
-  int attn_cluster = 0;
   // The two-level (super-page) step, decode_two_level in contract.h (super_summary.h): off
   // by default. On: the plan sizes level 1's scores, the level-2 page list (list_cap) and
   // its regions; super's page_size, num_kv_heads and head_dim must match the cache, and
@@ -78,7 +73,6 @@ struct DecodePlan {
   int select_cluster = 0;  // blocks per row of the one-launch aggregation + selection; 0 = none
   int dense_pages_per_split = 0, dense_splits = 0;
   int sparse_pages_per_split = 0, sparse_splits = 0;
-  int attn_cluster = 0;  // blocks per sparse-attention cluster (merging in place); 0 = none
   // Where each buffer sits in the workspace. head_scores [B, Hq, M] f32, group_scores
   // [B, Hkv, M] f32, pages [B, Hkv, capacity] i32, counts [B, Hkv] i32 (used by decode()
   // when no selection_out is given), chunk_lse [B, Hq, score_chunks, 2] f32 and head_lse
@@ -105,11 +99,10 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5307;  // "LOCKS" v7 (v2: tau, floor_pages;
+  static constexpr int64_t kTag = 0x4c4f434b5306;  // "LOCKS" v6 (v2: tau, floor_pages;
                                                    // v3: basis_group; v4: select_cluster;
                                                    // v5: two-level step, 96 ints;
-                                                   // v6: select.dense_below;
-                                                   // v7: attn_cluster)
+                                                   // v6: select.dense_below)
   static constexpr size_t kNumInts = 96;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

@@ -43,12 +43,10 @@ void fields(Plan& p, F&& f) {
     f(r->offset), f(r->bytes);
   // v6: the minimum context.
   f(p.params.select.dense_below);
-  // v7: the sparse-attention cluster.
-  f(p.params.attn_cluster), f(p.attn_cluster);
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1 + 2;
+constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>

@@ -4,10 +4,7 @@
 // list); each of the 4 warps streams whole pages (16 tokens x d, K and V) through its own
 // two-stage cp.async ring and keeps an online softmax for all G query heads of the KV head;
 // the block merges its warps and writes one (max, sum, o) partial per query head; a merge
-// kernel combines splits. Sparse splits may instead form one thread-block cluster per
-// (KV head slice, sequence) (the plan's attn_cluster): each block keeps its partial in shared
-// memory and the cluster merges them through distributed shared memory, writing the output
-// itself, so the step has no merge launch (v21).
+// kernel combines splits.
 //
 // Copies: every cp.async instruction covers whole 256-byte rows (d 128: 2 rows, d 64: 4), so
 // each L2 request is a full 128-byte line (v11 read K as 64-byte halves of 8 lines). The
@@ -15,7 +12,6 @@
 // Per page and warp: S = Q K^T as mma.m16n8k16 with rows = 8 heads x {hi, lo} halves of the
 // query (the query is split into two 16-bit parts, so the logits keep ~16 more bits than a
 // plain bf16 query), then O += P V with rows = heads.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -70,74 +66,14 @@ struct AttnArgs {
   float qscale;  // softmax scale * log2(e)
   float* part_o;
   float* part_ml;
-  float* out;  // CL: the cluster writes out [B, Hq, d] and lse [B, Hq] (may be null)
-  float* lse;
 };
-
-// The splits of one (KV head slice, sequence) as one cluster: every block has its (max, sum)
-// per head in ml [16][2] and its partial o [gc][D] in o, both in its shared memory. After a
-// cluster barrier each block reads every block's (max, sum) and weighs them (the merge
-// kernel's rule: a split that saw no logit weighs 0, multiplied so that NaN still reaches
-// the row), then writes its share of the output dims, combining the blocks' o in rank order
-// through distributed shared memory. A final barrier keeps every block's shared memory alive
-// until its peers have read it; its arrive is relaxed (a cluster barrier's default release
-// compiles to a GPU-wide fence on sm_90a), since each block's remote reads have returned
-// before it arrives (their values are already consumed).
-template <int D>
-__device__ void cluster_merge(const AttnArgs& a, bool row_ok, int b, int hq0, int gc, float* ml,
-                              float* o) {
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  constexpr int kMaxRanks = 16;
-  __shared__ float wm[16][kMaxRanks], wl[16][kMaxRanks], lsum[16];
-  const int nr = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  cluster.sync();  // every block's partial is in its shared memory
-  for (int t = threadIdx.x; t < gc * nr; t += blockDim.x) {
-    const int g = t / nr, r = t % nr;
-    const float* pml = cluster.map_shared_rank(ml, r);
-    wm[g][r] = pml[2 * g];
-    wl[g][r] = pml[2 * g + 1];
-  }
-  __syncthreads();
-  if (int(threadIdx.x) < gc) {
-    const int g = threadIdx.x;
-    float mx = kNegInf;
-    for (int r = 0; r < nr; ++r) mx = fmaxf(mx, wm[g][r]);
-    float lt = 0.f;
-    for (int r = 0; r < nr; ++r) {
-      const float f = wm[g][r] == kNegInf ? 0.f : exp2f(wm[g][r] - mx);
-      wm[g][r] = f;  // from here on: the weight of rank r
-      lt += wl[g][r] * f;
-    }
-    lsum[g] = lt;
-    if (a.lse && g % nr == rank)
-      a.lse[int64_t(b) * a.Hq + hq0 + g] =
-          row_ok ? (mx + log2f(lt)) * kLn2 : __int_as_float(0x7fc00000);
-  }
-  __syncthreads();
-  for (int e = rank * int(blockDim.x) + int(threadIdx.x); e < gc * D; e += nr * int(blockDim.x)) {
-    const int g = e / D;
-    float v[kMaxRanks];
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) v[r] = r < nr ? *cluster.map_shared_rank(o + e, r) : 0.f;
-    float acc = 0.f;
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)
-      if (r < nr) acc += v[r] * wm[g][r];
-    a.out[(int64_t(b) * a.Hq + hq0 + g) * D + (e - g * D)] =
-        row_ok ? acc / lsum[g] : __int_as_float(0x7fc00000);
-  }
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-}
 
 // G 16 at d 128 (two m-tiles: 64 query and 64 accumulator registers) would take ~204
 // registers, i.e. 2 blocks per SM; capped at 168 for 3 (the shared-memory limit), at the
 // cost of ~6 local loads/stores a page (L1 hits). 0: no cap.
 // d 256 (one m-tile): 64 query and 128 accumulator registers, one block per SM (shared
 // memory), so no cap.
-// CL: the splits of a (KV head slice, sequence) are one cluster along grid y (cluster_merge).
-template <typename T, int D, int MT, bool CL>
+template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     attn_kernel(AttnArgs a) {
   using M = Mma<T>;
@@ -177,9 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   const int blk0 = blk_at(j0);
   const int cnt = a.sel_pages ? a.sel_counts[row] : n_pages;
   const int total = cnt >= 0 && cnt <= (a.sel_pages ? a.sel_cap : n_pages) && len > 0 ? cnt : 0;
-  // Block-uniform: the merge reads only splits < total. In a cluster every block takes part
-  // in the merge; one past the row's pages streams none and contributes an empty partial.
-  if (!CL && start >= total) return;
+  if (start >= total) return;  // block-uniform: the merge reads only splits < total
   const int stop = min(start + a.pages_per_split, total);
   // This warp's pages: k = 0 .. nw-1 (warp-uniform count).
   const int nw = max(0, (stop - start - warp + kWarps - 1) / kWarps);
@@ -387,11 +321,6 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
   }
   __syncthreads();
   __shared__ float fac[kWarps][16];  // each warp's weight in the block's merge, per head
-  __shared__ float bml[16][2];       // CL: the block's (max, sum) per head, for its cluster
-  // CL: the block's partial o [gc][D], after the staging buffer (read by the cluster).
-  float* bo = reinterpret_cast<float*>(abuf) + kWarps * 16 * (D + 1);
-  static_assert(sizeof(float) * (kWarps * 16 * (D + 1) + 16 * D) <= attn_smem(D),
-                "the block partial fits beside the staging");
   if (threadIdx.x < gc) {
     const int g = threadIdx.x;
     float mx = kNegInf;
@@ -404,14 +333,9 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
       fac[w][g] = f;
       l += f * sml[w][g][1];
     }
-    const float lv = any_bad ? __int_as_float(0x7fc00000) : l;  // NaN reaches the row
-    if constexpr (CL) {
-      bml[g][0] = mx, bml[g][1] = lv;
-    } else {
-      const int64_t prow = (int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split;
-      a.part_ml[prow * 2] = mx;
-      a.part_ml[prow * 2 + 1] = lv;
-    }
+    const int64_t prow = (int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split;
+    a.part_ml[prow * 2] = mx;
+    a.part_ml[prow * 2 + 1] = any_bad ? __int_as_float(0x7fc00000) : l;  // NaN reaches the row
   }
   __syncthreads();
   for (int e = threadIdx.x; e < gc * D; e += blockDim.x) {
@@ -419,17 +343,10 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc += fac[w][g] * so[w][g][dim];
-    if constexpr (CL)
-      bo[e] = acc;
-    else
-      a.part_o[((int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split) * D + dim] = acc;
-  }
-  if constexpr (CL) {
-    // Same validity rule as merge_kernel: an invalid length or count writes the row as NaN.
-    const int cnt_ok = cnt >= 0 && cnt <= a.sel_cap;
-    cluster_merge<D>(a, len > 0 && cnt_ok, b, hq0, gc, &bml[0][0], bo);
+    a.part_o[((int64_t(b) * a.Hq + hq0 + g) * a.n_splits + split) * D + dim] = acc;
   }
 }
+
 // Combines the splits of one (sequence, query head): kMergeWarps warps stride over the
 // splits, each lane owning D/32 dims, then the warps merge in shared memory. Dense at batch
 // 1 has only Hq blocks over 256-512 splits: 16 warps with 4 loads in flight each keep the
@@ -510,88 +427,39 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 }
 
 // MT = m-tiles of 8 heads (x hi / lo) per block: 1 for slices of <= 8 heads, else 2.
-// cluster > 0: the splits of a row as one cluster of that many blocks along grid y.
-template <typename T, int D, int MT>
-void launch_mt(const AttnArgs& a, dim3 grid, int cluster, cudaStream_t st) {
-  if (cluster == 0) {
-    launch_kernel(attn_kernel<T, D, MT, false>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
-    return;
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(cluster);
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = grid;
-  lc.blockDim = dim3(kWarps * 32);
-  lc.dynamicSmemBytes = size_t(attn_smem(D));
-  lc.stream = st;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
-  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc, attn_kernel<T, D, MT, true>, a));
+template <typename T, int D>
+void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
+  if (D == 256 || a.gw <= 8)
+    launch_kernel(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+  else if constexpr (D != 256)
+    launch_kernel(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
 }
 
 template <typename T, int D>
-void launch_t(const AttnArgs& a, dim3 grid, int cluster, cudaStream_t st) {
-  if (D == 256 || a.gw <= 8)
-    launch_mt<T, D, 1>(a, grid, cluster, st);
-  else if constexpr (D != 256)
-    launch_mt<T, D, 2>(a, grid, cluster, st);
-}
-
-template <typename T, int D, bool CL>
 const void* attn_kernel_for(int G) {
   if constexpr (D == 256) {
-    return (const void*)attn_kernel<T, D, 1, CL>;
+    return (const void*)attn_kernel<T, D, 1>;
   } else {
-    return attn_slices(D, G).width <= 8 ? (const void*)attn_kernel<T, D, 1, CL>
-                                        : (const void*)attn_kernel<T, D, 2, CL>;
+    return attn_slices(D, G).width <= 8 ? (const void*)attn_kernel<T, D, 1>
+                                        : (const void*)attn_kernel<T, D, 2>;
   }
 }
 
-template <typename T, bool CL = false>
+template <typename T>
 const void* attn_kernel_for(int head_dim, int G) {
-  return head_dim == 256   ? attn_kernel_for<T, 256, CL>(G)
-         : head_dim == 128 ? attn_kernel_for<T, 128, CL>(G)
-                           : attn_kernel_for<T, 64, CL>(G);
+  return head_dim == 256   ? attn_kernel_for<T, 256>(G)
+         : head_dim == 128 ? attn_kernel_for<T, 128>(G)
+                           : attn_kernel_for<T, 64>(G);
 }
 
 }  // namespace
 
 void prepare_attention_kernels() {
   for (int d : limits::kHeadDims)
-    for (int g : {1, 16}) {
-      for (const void* f :
-           {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g),
-            attn_kernel_for<__nv_bfloat16, true>(d, g), attn_kernel_for<__half, true>(d, g)})
+    for (int g : {1, 16})
+      for (const void* f : {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g)})
         LOCKS_CUDA_CHECK(
             cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem(d)));
-      for (const void* f :
-           {attn_kernel_for<__nv_bfloat16, true>(d, g), attn_kernel_for<__half, true>(d, g)})
-        LOCKS_CUDA_CHECK(
-            cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    }
-}
-
-bool attention_cluster_fits(DType dtype, int head_dim, int group, int cluster) {
-  const void* f = dtype == DType::f16 ? attn_kernel_for<__half, true>(head_dim, group)
-                                      : attn_kernel_for<__nv_bfloat16, true>(head_dim, group);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(cluster);
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(1, unsigned(cluster), 1);
-  lc.blockDim = dim3(kWarps * 32);
-  lc.dynamicSmemBytes = size_t(attn_smem(head_dim));
-  lc.attrs = attr;
-  lc.numAttrs = 1;
-  int n = 0;
-  const bool ok = cudaOccupancyMaxActiveClusters(&n, f, &lc) == cudaSuccess && n > 0;
-  (void)cudaGetLastError();  // a refused query leaves no sticky error behind
-  return ok;
 }
 
 int attention_head_slices(int head_dim, int group) { return attn_slices(head_dim, group).n; }
@@ -606,8 +474,8 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
 }
 
 void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q, int Hq,
-                      float scale, const Selection* sel, int pps, int n_splits, int cluster,
-                      float* part_o, float* part_ml, float* out, float* lse, cudaStream_t st) {
+                      float scale, const Selection* sel, int pps, int n_splits, float* part_o,
+                      float* part_ml, float* out, float* lse, cudaStream_t st) {
   const CacheLayout& L = cache.layout;
   AttnArgs a{cache.k,
              cache.v,
@@ -629,38 +497,29 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, const fl
              q,
              scale * kLog2e,
              part_o,
-             part_ml,
-             out,
-             lse};
+             part_ml};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
-  // A cluster must hold every split of a row (else pages would go unread).
-  LOCKS_REQUIRE(cluster == 0 || (sel && cluster <= kMaxAttnCluster &&
-                                 (cluster & (cluster - 1)) == 0 && used <= cluster),
-                "attention cluster of ", cluster, " blocks for ", used, " splits",
-                sel ? "" : " (dense attention has no cluster)");
   const AttnSlices hsl = attn_slices(L.head_dim, Hq / L.num_kv_heads);
   a.n_sl = hsl.n;
   a.gw = hsl.width;
   // KV heads (and their head slices) vary fastest across the grid: the blocks in flight then
   // read all heads of the same pages, i.e. whole contiguous blocks of the cache, not 256-byte
   // rows 2 KB apart.
-  const dim3 grid(unsigned(L.num_kv_heads * hsl.n), unsigned(cluster ? cluster : used),
-                  unsigned(batch.batch_size));
+  const dim3 grid(unsigned(L.num_kv_heads * hsl.n), unsigned(used), unsigned(batch.batch_size));
   auto by_dim = [&](auto tag) {
     using T = decltype(tag);
     if (L.head_dim == 256)
-      launch_t<T, 256>(a, grid, cluster, st);
+      launch_t<T, 256>(a, grid, st);
     else if (L.head_dim == 128)
-      launch_t<T, 128>(a, grid, cluster, st);
+      launch_t<T, 128>(a, grid, st);
     else
-      launch_t<T, 64>(a, grid, cluster, st);
+      launch_t<T, 64>(a, grid, st);
   };
   if (L.dtype == DType::bf16)
     by_dim(__nv_bfloat16{});
   else
     by_dim(__half{});
-  if (cluster) return;  // the cluster wrote out and lse
   const dim3 mgrid(unsigned(Hq), unsigned(batch.batch_size));
   const int32_t* counts = sel ? sel->counts : nullptr;
   auto merge = [&](auto kernel) {

@@ -62,8 +62,8 @@ void attend(const DecodePlan& plan, const Workspace& ws, const KvCacheView& cach
   const int pps = sel ? plan.sparse_pages_per_split : plan.dense_pages_per_split;
   detail::launch_attention(cache, batch, q.q, plan.params.num_q_heads, plan.params.scale, sel, pps,
                            std::max(plan.dense_splits, plan.sparse_splits),
-                           sel ? plan.attn_cluster : 0, region_ptr<float>(ws, plan.part_o),
-                           region_ptr<float>(ws, plan.part_ml), out.out, out.lse, st);
+                           region_ptr<float>(ws, plan.part_o), region_ptr<float>(ws, plan.part_ml),
+                           out.out, out.lse, st);
 }
 
 }  // namespace
@@ -79,10 +79,10 @@ DecodePlan plan_decode(const DecodeParams& params) {
   LOCKS_REQUIRE(
       p.select_chunk_pages == 0 || p.select_chunk_pages == 2048 || p.select_chunk_pages == 4096,
       "select_chunk_pages must be 0 (auto), 2048 or 4096, got ", p.select_chunk_pages);
-  LOCKS_REQUIRE(
-      p.score_chunk_pages == 0 || p.score_chunk_pages == 32 || p.score_chunk_pages == 48 ||
-          p.score_chunk_pages == 64 || p.score_chunk_pages == 96 || p.score_chunk_pages == 128,
-      "score_chunk_pages must be 0 (auto), 32, 48, 64, 96 or 128, got ", p.score_chunk_pages);
+  LOCKS_REQUIRE(p.score_chunk_pages == 0 || p.score_chunk_pages == 32 ||
+                    p.score_chunk_pages == 64 || p.score_chunk_pages == 96 ||
+                    p.score_chunk_pages == 128,
+                "score_chunk_pages must be 0 (auto), 32, 64, 96 or 128, got ", p.score_chunk_pages);
   const int M = p.max_blocks_per_seq, B = p.max_batch, Hq = p.num_q_heads, Hkv = L.num_kv_heads,
             G = plan.group;
   plan.score_chunks = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks
@@ -124,32 +124,6 @@ DecodePlan plan_decode(const DecodeParams& params) {
   sparse_pps = std::max<int>(sparse_pps, int(ceil_div(plan.capacity, kMaxDenseSplits)));
   plan.sparse_pages_per_split = (sparse_pps + 3) / 4 * 4;
   plan.sparse_splits = ceil_div(plan.capacity, plan.sparse_pages_per_split);
-  // Sparse splits as one cluster that merges in place (v21; attention.cu): no merge launch
-  // (~4.5 us at batch 1) for splits about twice as long. The rule: the power of two that
-  // holds the one-wave splits (at most 16), where the clustered grid still fits one wave
-  // and a split stays <= 32 pages; forced sizes only need to fit the device.
-  const int hsl_n = detail::attention_head_slices(L.head_dim, G);
-  LOCKS_REQUIRE(p.attn_cluster >= -1 && p.attn_cluster <= detail::kMaxAttnCluster &&
-                    (p.attn_cluster <= 0 || (p.attn_cluster & (p.attn_cluster - 1)) == 0),
-                "attn_cluster must be -1, 0 or a power of two up to ", detail::kMaxAttnCluster,
-                ", got ", p.attn_cluster);
-  auto fits = [&](int c) { return detail::attention_cluster_fits(L.dtype, L.head_dim, G, c); };
-  int acl = p.attn_cluster > 0 ? p.attn_cluster : 0;
-  LOCKS_REQUIRE(acl == 0 || fits(acl), "a cluster of ", acl,
-                " attention blocks cannot be resident on this device");
-  if (p.attn_cluster == 0) {
-    int c = 1;
-    while (c < plan.sparse_splits && c < detail::kMaxAttnCluster) c *= 2;
-    while (c > 1 && !fits(c)) c /= 2;  // 16 is non-portable: the GPC layout decides
-    const int cpps = (ceil_div(plan.capacity, c) + 3) / 4 * 4;
-    if (int64_t(B) * Hkv * hsl_n * c <= slots && cpps <= 32 && fits(c)) acl = c;
-  }
-  plan.attn_cluster = acl;
-  if (acl > 0) {
-    plan.sparse_pages_per_split =
-        std::max(kSparsePagesPerSplit, (ceil_div(plan.capacity, acl) + 3) / 4 * 4);
-    plan.sparse_splits = ceil_div(plan.capacity, plan.sparse_pages_per_split);
-  }
   // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each
   // block start), 16 to 128 pages each, at most kMaxDenseSplits per sequence.
   const int64_t dense_work = int64_t(M) * B * Hkv;

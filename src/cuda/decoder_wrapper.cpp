@@ -32,7 +32,6 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   p.score_chunk_pages = plan.score_chunk_pages;
   p.select_chunk_pages = plan.select_chunk_pages;
   p.select_cluster = plan.select_cluster;
-  p.attn_cluster = plan.attn_cluster;
   dplan_ = plan_decode(p);
   ws_.bytes = dplan_.workspace_bytes;
   LOCKS_CUDA_CHECK(cudaMalloc(&ws_.data, std::max<size_t>(ws_.bytes, 256)));
@@ -69,7 +68,6 @@ void Decoder::aggregate_select(const BatchView& batch, cudaStream_t st) {
 }
 
 int Decoder::select_cluster() const { return dplan_.select_cluster; }
-int Decoder::attn_cluster() const { return dplan_.attn_cluster; }
 
 void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                      const Selection* sel, const AttentionOutput& out, cudaStream_t st) {

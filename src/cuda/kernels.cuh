@@ -30,8 +30,9 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   cudaStream_t st, int64_t bt_head_stride = 0);
-// Pages per scoring block on the tensor-core path: 128, 96, 64, 48 or 32, the one with the
-// shortest estimated kernel (waves of (chunk, KV head, sequence) blocks x a block's chain).
+// Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
+// of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU; where
+// 128 leaves a partial second wave, the one of 128 / 96 / 64 with the fewest waves x pages.
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);
 bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 // Raises the dynamic shared-memory limits once (outside any graph capture).
@@ -40,10 +41,6 @@ void prepare_attention_kernels();
 // Resident blocks per SM of the attention kernel for this cache dtype, head_dim and GQA
 // group (after prepare_attention_kernels); sizes the sparse splits to one wave.
 int attention_blocks_per_sm(DType dtype, int head_dim, int group);
-// Sparse splits as one thread-block cluster per (KV head slice, sequence), merged in the
-// attention kernel (no merge launch): up to kMaxAttnCluster blocks (a power of two).
-constexpr int kMaxAttnCluster = 16;
-bool attention_cluster_fits(DType dtype, int head_dim, int group, int cluster);
 // Blocks per (split, KV head) of the attention kernel: GQA groups wider than one block's
 // query m-tiles (16 heads; 8 at d 256) are split into this many head slices.
 int attention_head_slices(int head_dim, int group);
@@ -77,11 +74,9 @@ void launch_select(const float* group_scores, const BatchView& batch, int num_kv
 
 // Split-K attention. sel == nullptr: dense over every page. Partials part_o
 // [B, Hq, n_splits, d], part_ml [B, Hq, n_splits, 2]; then the merge writes out / lse.
-// cluster > 0 (sparse only): the splits of a row are one cluster of that many blocks that
-// merges in place (no partials, no merge launch).
 void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q,
                       int num_q_heads, float scale, const Selection* sel, int pages_per_split,
-                      int n_splits, int cluster, float* part_o, float* part_ml, float* out,
-                      float* lse, cudaStream_t st);
+                      int n_splits, float* part_o, float* part_ml, float* out, float* lse,
+                      cudaStream_t st);
 
 }  // namespace locks::cuda::detail

@@ -13,7 +13,6 @@
 // head's 16 keys sum within a lane quad). G here is a block's head slice: at most 16 heads
 // (4 at d 256), wider groups take several blocks per page chunk.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "locks/error.h"
@@ -138,7 +137,7 @@ constexpr int score_min_blocks() {
   return D == 256 ? 4 : NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
-// CP = pages per block (128, 96, 64, 48 or 32: see score_chunk_pages), a template parameter so
+// CP = pages per block (128, 96, 64 or 32: see score_chunk_pages), a template parameter so
 // the stage loop keeps a compile-time trip count.
 // Head slices: a GQA group of G heads is scored by n_sl blocks per (chunk, KV head), slice
 // s taking heads [s gw, min(G, (s + 1) gw)) (gw <= GMAX), so groups wider than one
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   constexpr int R = 8;             // rank
   constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
   constexpr int GMAX = HPT * NT1;
-  constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 24, 16, 12 or 8
+  constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 24, 16 or 8
   constexpr int n_st = ppw / kSP;      // stages of the warp
   // The query rows (read once, to build the fragments) share their shared memory with the
   // chunk's scores (written from the stage loop on, after a barrier).
@@ -569,8 +568,6 @@ void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q,
     launch_mma<D, NT1, 96, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
   else if (cp == 64)
     launch_mma<D, NT1, 64, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
-  else if (cp == 48)
-    launch_mma<D, NT1, 48, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
   else
     launch_mma<D, NT1, 32, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
 }
@@ -608,9 +605,8 @@ const void* mma_kernel(int group) {
 template <int D, int NG>
 void prepare_dg() {
   for (int g : {4, 8, 16})
-    for (const void* f :
-         {mma_kernel<D, 128, NG>(g), mma_kernel<D, 96, NG>(g), mma_kernel<D, 64, NG>(g),
-          mma_kernel<D, 48, NG>(g), mma_kernel<D, 32, NG>(g)})
+    for (const void* f : {mma_kernel<D, 128, NG>(g), mma_kernel<D, 96, NG>(g),
+                          mma_kernel<D, 64, NG>(g), mma_kernel<D, 32, NG>(g)})
       LOCKS_CUDA_CHECK(
           cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D, NG>()));
 }
@@ -669,20 +665,25 @@ int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, 
       &per_sm, mma_kernel_for(head_dim, group), kMmaWarps * 32, size_t(mma_smem_for(head_dim))));
   const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
   rows *= mma_slices(head_dim, group).n;  // blocks per (chunk, sequence, KV head)
-  // A warp's pages are a serial chain of cp / 4 / kSP stages, so a block's time is about
-  // (cp + a fixed prologue of ~16 pages' worth) and the kernel's is that times the waves.
-  // Under two waves the last (partial) wave costs a whole block time; above, blocks finish
-  // at staggered times and the tail averages half a block. The smallest estimate wins, ties
-  // to the larger chunk (fewer blocks, fewer partials). Measured v13: at 128K batch 1, 512
-  // blocks of 128 pages on 792 slots beat 1024 of 64 (a tie here, kept); 96 and 48 let a
-  // short grid fill one wave with shorter chains (v21).
+  auto blocks = [&](int cp) { return rows * ((max_pages + cp - 1) / cp); };
+  // Under a wave: halve while the grid would fill less than half of it (v13: at 128K batch 1,
+  // 512 blocks of 128 pages on 792 slots beat 1024 of 64; v21: beat 688 of 96 too, and 256
+  // of 128 beat 684 of 48 at Qwen2.5-7B 128K batch 1: below a wave, more blocks a SM cost
+  // more than the shorter chains save).
+  if (blocks(kScoreChunk) <= slots) {
+    int cp = kScoreChunk;
+    while (cp > kScoreChunkMin && 2 * blocks(cp) < slots) cp /= 2;
+    return cp;
+  }
+  // Up to two waves the second, partial one costs a whole block time: the size with the
+  // fewest (whole waves x pages a block) wins, ties to the larger (v21: Llama-3.1-8B 256K
+  // batch 1, 1024 blocks of 128 on 792 slots -> 1368 of 96: scoring 52.5 -> 48.2 us).
+  // Longer grids keep 128 (blocks finish at staggered times; the tail is about half a block).
+  if (blocks(kScoreChunk) > 2 * slots) return kScoreChunk;
   int best = kScoreChunk;
-  double best_cost = 0.0;
-  for (int cp : {128, 96, 64, 48, 32}) {
-    const double blocks = double(rows) * double((max_pages + cp - 1) / cp);
-    const double w = blocks / double(slots);
-    const double waves = w <= 2.0 ? std::ceil(w) : w + 0.5;
-    const double cost = waves * (cp + 16);
+  int64_t best_cost = 0;
+  for (int cp : {128, 96, 64}) {
+    const int64_t cost = (blocks(cp) + slots - 1) / slots * cp;
     if (cp == kScoreChunk || cost < best_cost) best = cp, best_cost = cost;
   }
   return best;

@@ -514,23 +514,6 @@ TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
     EXPECT_EQ(counts2.read<int32_t>(size_t(B) * H), ch);
     EXPECT_EQ(out2.read<float>(size_t(B) * Hq * d), oh) << "decode() vs the ops in sequence";
     EXPECT_EQ(lse2.read<float>(size_t(B) * Hq), lh);
-
-    // Sparse attention in both of its CUDA forms whatever the plan chose: split partials +
-    // the merge kernel (-1) and clusters of 8 blocks merging in place (the CPU ignores it).
-    for (const int acl : {-1, 8}) {
-      SCOPED_TRACE(testing::Message() << "attn_cluster " << acl);
-      DecodeParams pa = params(sc);
-      pa.attn_cluster = acl;
-      const DecodePlan pl = be_->plan(pa);
-      Dev ws4(be_.get(), pl.workspace_bytes);
-      Dev out4(be_.get(), size_t(B) * Hq * d * 4), lse4(be_.get(), size_t(B) * Hq * 4);
-      be_->attention_sparse(pl, {ws4.p, pl.workspace_bytes}, cache_, batch_, qv_, dsel,
-                            {out4.as<float>(), lse4.as<float>()});
-      be_->finish();
-      const std::vector<float> o4 = out4.read<float>(size_t(B) * Hq * d),
-                               l4 = lse4.read<float>(size_t(B) * Hq);
-      expect_attention_match(t_, &rs.sel, o4.data(), l4.data(), am);
-    }
   }
 }
 

@@ -33,9 +33,9 @@ struct Plan {
   int max_batch = 1;
   int max_blocks_per_seq = 1;
   DecodeConfig cfg;
-  // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (the size with
-  // the shortest estimated kernel: waves x block chain; see score_chunk_pages); 32, 48, 64,
-  // 96 or 128 to force one.
+  // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (128, halved
+  // down to 32 while the grid would fill less than half a wave; 96 or 64 where 128 leaves a
+  // partial second wave); 32, 64, 96 or 128 to force one.
   int score_chunk_pages = 0;
   // Pages per first-stage selection block: 0 = chosen from the plan (2048 up to 16K pages a
   // sequence, 4096 above); 2048 or 4096 to force one.
@@ -43,9 +43,6 @@ struct Plan {
   // Aggregation + selection in one cluster launch: 0 = the plan's rule, -1 = never, 1-16
   // (a power of two) to force that many blocks per (sequence, KV head).
   int select_cluster = 0;
-  // Sparse attention merged in place by a cluster of this many split blocks: 0 = the plan's
-  // rule, -1 = never, 1-16 (a power of two) to force it.
-  int attn_cluster = 0;
   // The summaries the decoder will score (geometry from cache).
   int rank = 8;
   Precision precision = Precision::quant;
@@ -78,7 +75,6 @@ class Decoder {
   // aggregate + select as the step runs them (one launch where the plan chose it).
   void aggregate_select(const BatchView& batch, cudaStream_t stream);
   int select_cluster() const;  // the plan's choice (0: separate launches)
-  int attn_cluster() const;    // the plan's choice (0: split partials + merge kernel)
   void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
               const Selection* sel, const AttentionOutput& out, cudaStream_t stream);
 
