@@ -422,5 +422,35 @@ TEST(DecodePlan, RejectsUnsupportedShapes) {
   EXPECT_THROW(make(CacheLayout{8, 16, 2, 128, DType::bf16}, 8, 8), Error);     // budget < 1 page
 }
 
+// The scoring chunk rule (score_mma.cu, score_chunk_pages) on Llama-3.1-8B shapes: 128 where
+// the grid holds two waves or more, smaller under half a wave, 96 where 128 leaves a partial
+// second wave on the H200's 132 SMs; forced sizes outside the set are refused.
+TEST(DecodePlan, ScoreChunkRule) {
+  SKIP_WITHOUT_GPU();
+  auto chunk = [](int B, int M, int forced) {
+    const CacheLayout L{1 << 20, 16, 8, 128, DType::bf16};
+    DecodeParams p;
+    p.cache = L;
+    p.summary = summary_layout_for(L, 8, Precision::quant);
+    p.num_q_heads = 32, p.max_batch = B, p.max_blocks_per_seq = M;
+    p.select = SelectConfig{2048, 1, 2};
+    p.score_chunk_pages = forced;
+    return cuda::plan_decode(p).score_chunk_pages;
+  };
+  EXPECT_EQ(chunk(1, 65536, 0), 128);  // 1M batch 1: 4096 blocks of 128, > 2 waves
+  EXPECT_EQ(chunk(8, 8192, 0), 128);   // 128K batch 8
+  EXPECT_LT(chunk(1, 512, 0), 128);    // 8K batch 1: 32 blocks of 128 would idle the GPU
+  for (const int cp : {32, 64, 96, 128}) EXPECT_EQ(chunk(1, 8192, cp), cp);
+  for (const int cp : {-1, 16, 48, 100, 256})
+    EXPECT_THROW(chunk(1, 8192, cp), InvalidArgument) << cp;
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (sms == 132) {                     // H200 / H100 SXM: 792 slots of 6 blocks
+    EXPECT_EQ(chunk(1, 8192, 0), 128);  // 128K: 512 blocks, one wave
+    EXPECT_EQ(chunk(1, 16384, 0), 96);  // 256K: 1024 blocks of 128 = 1.29 waves -> 1368 of 96
+  }
+}
+
 }  // namespace
 }  // namespace locks::cuda_test
