@@ -9,7 +9,7 @@
 
 namespace locks::cuda::detail {
 
-// Tensor-core kernel (int4 summaries, rank 8, d 64 / 128 / 256): chunk_pages 32, 64 or 128.
+// Tensor-core kernel (int4 summaries, rank 8, d 64 / 128 / 256): chunk_pages 32, 64, 96 or 128.
 void prepare_score_mma();
 void launch_score_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
                       float scale, float* head_scores, float* chunk_lse, int n_chunks,
