@@ -1,13 +1,35 @@
-import sys,re
-for f in sys.argv[1:]:
-    print("##",f)
-    head=None
-    for line in open(f):
-        if line.startswith("== rep"):
-            head=line.split()[3:]
-        elif re.match(r"^[A-Z][A-Za-z0-9.-]+ +\d+ +\d+ \|",line) and head:
-            a=line.split("|")
-            l=a[1].split(); s=a[2].split()
-            print(f"{head[0]:>2} {head[1]:<24} {' '.join(head[2:5]):<22} {' '.join(head[5:]):<18} locks {l[1]} x{l[2]} | score {s[0]} agg {s[1]} sel {s[2]} attn {s[3]} launch {s[4]}")
-        elif "terminate" in line or "what()" in line:
-            print("   ERR", line.strip()[:120])
+#!/usr/bin/env python3
+"""Print the A/B logs of `scripts/gpu_tests.sh ab` as one line per bench row.
+
+    python3 scripts/ab_table.py gpu-out/ab.log [more logs]
+
+Each line: the side (base / new; logs written before 54e476d have none), the binary, the row,
+the extra bench options, then the LOCKS step (ms), its ratio to dense, and the stage times (ms)
+of the row the bench printed. A binary that aborted prints its error instead.
+"""
+import re
+import sys
+
+ROW = re.compile(r"^[A-Z][A-Za-z0-9.-]+ +\d+ +\d+ \|")
+
+
+def main(paths):
+    for path in paths:
+        print("##", path)
+        head = None
+        for line in open(path):
+            if line.startswith("== rep"):
+                f = line.split()[3:]
+                side = f.pop(0) if f and f[0] in ("base", "new") else "-"
+                head = (side, f[0], " ".join(f[1:4]), " ".join(f[4:]))
+            elif ROW.match(line) and head:
+                parts = line.split("|")
+                lk, st = parts[1].split(), parts[2].split()
+                print(f"{head[0]:4} {head[1]:24} {head[2]:22} {head[3]:18} locks {lk[1]} x{lk[2]} | "
+                      f"score {st[0]} agg {st[1]} sel {st[2]} attn {st[3]} launch {st[4]}")
+            elif "what()" in line:
+                print("     error:", line.strip()[:120])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -20,7 +20,8 @@
 #   ("model context batch" separated by ';'), each row twice, alternating binaries;
 #   LOCKS_AB_BASE_ARGS / LOCKS_AB_ARGS: extra bench options for the base / the new binary
 #   (the same binary twice with different plan knobs works too). LOCKS_MEMCHECK_FILTER /
-#   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases.
+#   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases. scripts/ab_table.py prints
+#   an ab.log as one line per row.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
