@@ -17,6 +17,7 @@
 
 #include "locks/error.h"
 #include "score.cuh"
+#include "score_chunk_rule.h"
 #include "score_common.cuh"
 
 namespace locks::cuda::detail {
@@ -665,28 +666,7 @@ int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, 
       &per_sm, mma_kernel_for(head_dim, group), kMmaWarps * 32, size_t(mma_smem_for(head_dim))));
   const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
   rows *= mma_slices(head_dim, group).n;  // blocks per (chunk, sequence, KV head)
-  auto blocks = [&](int cp) { return rows * ((max_pages + cp - 1) / cp); };
-  // Under a wave: halve while the grid would fill less than half of it (v13: at 128K batch 1,
-  // 512 blocks of 128 pages on 792 slots beat 1024 of 64; v21: beat 688 of 96 too, and 256
-  // of 128 beat 684 of 48 at Qwen2.5-7B 128K batch 1: below a wave, more blocks a SM cost
-  // more than the shorter chains save).
-  if (blocks(kScoreChunk) <= slots) {
-    int cp = kScoreChunk;
-    while (cp > kScoreChunkMin && 2 * blocks(cp) < slots) cp /= 2;
-    return cp;
-  }
-  // Up to two waves the second, partial one costs a whole block time: the size with the
-  // fewest (whole waves x pages a block) wins, ties to the larger (v21: Llama-3.1-8B 256K
-  // batch 1, 1024 blocks of 128 on 792 slots -> 1368 of 96: scoring 52.5 -> 48.2 us).
-  // Longer grids keep 128 (blocks finish at staggered times; the tail is about half a block).
-  if (blocks(kScoreChunk) > 2 * slots) return kScoreChunk;
-  int best = kScoreChunk;
-  int64_t best_cost = 0;
-  for (int cp : {128, 96, 64}) {
-    const int64_t cost = (blocks(cp) + slots - 1) / slots * cp;
-    if (cp == kScoreChunk || cost < best_cost) best = cp, best_cost = cost;
-  }
-  return best;
+  return score_chunk_rule(rows, max_pages, slots);
 }
 
 }  // namespace locks::cuda::detail

@@ -1,0 +1,38 @@
+// Pages per tensor-core scoring block from the grid size: the plan's rule, as a pure host
+// function (the occupancy query that gives `slots` stays in score_mma.cu), so that it is
+// unit-tested without a GPU (tests/cuda/test_score_chunk_rule.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace locks::cuda::detail {
+
+// rows: blocks per chunk of pages (sequences x KV heads x head slices); max_pages: pages a
+// sequence; slots: resident blocks on the whole GPU. Returns 128, 96, 64 or 32.
+inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots) {
+  constexpr int kMax = 128, kMin = 32;
+  auto blocks = [&](int cp) { return rows * ((max_pages + cp - 1) / cp); };
+  // Under a wave: halve while the grid would fill less than half of it (v13: at 128K batch 1,
+  // 512 blocks of 128 pages on 792 slots beat 1024 of 64; v22: beat 688 of 96 too, and 256 of
+  // 128 beat 684 of 48 at Qwen2.5-7B 128K batch 1: below a wave, a SM's share of the work,
+  // not the blocks' chains, sets the time).
+  if (blocks(kMax) <= slots) {
+    int cp = kMax;
+    while (cp > kMin && 2 * blocks(cp) < slots) cp /= 2;
+    return cp;
+  }
+  // Up to two waves the second, partial one costs a whole block time: the size with the fewest
+  // (whole waves x pages a block) wins, ties to the larger (v22: Llama-3.1-8B 256K batch 1,
+  // 1024 blocks of 128 on 792 slots -> 1368 of 96: scoring 52.5 -> 48.2 us). Longer grids keep
+  // 128 (blocks finish at staggered times; the tail is about half a block).
+  if (blocks(kMax) > 2 * slots) return kMax;
+  int best = kMax;
+  int64_t best_cost = 0;
+  for (int cp : {128, 96, 64}) {
+    const int64_t cost = (blocks(cp) + slots - 1) / slots * cp;
+    if (cp == kMax || cost < best_cost) best = cp, best_cost = cost;
+  }
+  return best;
+}
+
+}  // namespace locks::cuda::detail
