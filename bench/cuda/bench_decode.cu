@@ -344,6 +344,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     const double score_bw = summ_bytes / (t_score * 1e-3) / 1e12;
     const double attn_bw = sel_bytes / (t_attn * 1e-3) / 1e12;
     const double launch_gap = t_locks - (t_score + t_agg + t_sel + t_attn);
+    const int score_chunk = dec.decode_plan().score_chunk_pages;
     std::printf(
         "%-19s %8lld %5d | %9.4f %9.4f %6.2f %6.2f %6.1f | %8.4f %7.4f %7.4f %7.4f %7.4f %7.4f | "
         "%6.1f %6.1f %6.1f %3d\n",
@@ -360,8 +361,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
         "none; amortised %.2f%% of the step (aligned), %.2f%% (staggered); dense %.2f GB, LOCKS "
         "%.1f MB, floor %.4f ms; scoring blocks of %d pages\n",
         B, m.hkv, t_build_full * 1e3, t_build_none * 1e3, 100 * t_build_step / t_locks,
-        100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms,
-        dec.decode_plan().score_chunk_pages);
+        100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms, score_chunk);
     std::fflush(stdout);
     if (o.csv)
       std::fprintf(o.csv,
@@ -370,8 +370,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
                    m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes,
                    locks_bytes, dense_bytes / locks_bytes, floor_ms, 100 * floor_ms / t_locks,
                    dense_bw, t_score, score_bw, t_agg, t_sel, t_attn, attn_bw, launch_gap,
-                   t_build_step, t_build_full, t_build_none, cluster,
-                   dec.decode_plan().score_chunk_pages);
+                   t_build_step, t_build_full, t_build_none, cluster, score_chunk);
 
     // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
     if (ctx == 131072 && B == 1) {

@@ -79,9 +79,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
   LOCKS_REQUIRE(
       p.select_chunk_pages == 0 || p.select_chunk_pages == 2048 || p.select_chunk_pages == 4096,
       "select_chunk_pages must be 0 (auto), 2048 or 4096, got ", p.select_chunk_pages);
-  LOCKS_REQUIRE(p.score_chunk_pages == 0 || p.score_chunk_pages == 32 ||
-                    p.score_chunk_pages == 64 || p.score_chunk_pages == 96 ||
-                    p.score_chunk_pages == 128,
+  LOCKS_REQUIRE(p.score_chunk_pages == 0 || detail::score_chunk_supported(p.score_chunk_pages),
                 "score_chunk_pages must be 0 (auto), 32, 64, 96 or 128, got ", p.score_chunk_pages);
   const int M = p.max_blocks_per_seq, B = p.max_batch, Hq = p.num_q_heads, Hkv = L.num_kv_heads,
             G = plan.group;

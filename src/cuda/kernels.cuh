@@ -10,12 +10,11 @@
 #include "locks/kv_cache.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+#include "score_chunk_rule.h"  // kScoreChunk, kScoreChunkMin, score_chunk_supported
 
 namespace locks::cuda::detail {
 
 constexpr int kMaxGroup = limits::kMaxGroup;  // GQA group (query heads per KV head)
-constexpr int kScoreChunk = 128;    // most pages per scoring block (CUDA-core path: always)
-constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
 constexpr int kSelectChunk = 4096;  // most pages per first-stage selection block (smem keys)
 // Pages per first-stage selection block: 2048 for up to 16K pages a sequence (more blocks
 // for the barrier-bound first stage at batch 1), 4096 above (fewer second-stage candidates).

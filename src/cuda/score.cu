@@ -29,8 +29,7 @@ void launch_score(const SummaryView& s, const BatchView& batch, const float* q, 
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   cudaStream_t st, int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;
-  LOCKS_REQUIRE(chunk_pages == 128 || chunk_pages == 96 || chunk_pages == 64 || chunk_pages == 32,
-                "score chunk of ", chunk_pages, " pages");
+  LOCKS_REQUIRE(score_chunk_supported(chunk_pages), "score chunk of ", chunk_pages, " pages");
   if (score_uses_tensor_cores(L, Hq / L.num_kv_heads)) {
     // The kernel stages the basis and coefficient scales with 16-byte copies.
     const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };

@@ -1,16 +1,25 @@
-// Pages per tensor-core scoring block from the grid size: the plan's rule, as a pure host
-// function (the occupancy query that gives `slots` stays in score_mma.cu), so that it is
-// unit-tested without a GPU (tests/cuda/test_score_chunk_rule.cpp).
+// Pages per scoring block: the sizes (kScoreChunk, kScoreChunkMin, the set the tensor-core
+// kernel is instantiated for) and the plan's rule from the grid size, as a pure host function (the
+// occupancy query that gives `slots` stays in score_mma.cu), so that it is unit-tested without a
+// GPU (tests/cuda/test_score_chunk_rule.cpp).
 #pragma once
 
 #include <cstdint>
 
 namespace locks::cuda::detail {
 
+constexpr int kScoreChunk = 128;    // most pages per scoring block (CUDA-core path: always)
+constexpr int kScoreChunkMin = 32;  // fewest (tensor-core path, small grids)
+
+// The pages per block the tensor-core kernel is instantiated for (launch_mma_cp).
+constexpr bool score_chunk_supported(int cp) {
+  return cp == 32 || cp == 64 || cp == 96 || cp == 128;
+}
+
 // rows: blocks per chunk of pages (sequences x KV heads x head slices); max_pages: pages a
 // sequence; slots: resident blocks on the whole GPU. Returns 128, 96, 64 or 32.
 inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots) {
-  constexpr int kMax = 128, kMin = 32;
+  constexpr int kMax = kScoreChunk, kMin = kScoreChunkMin;
   auto blocks = [&](int cp) { return rows * ((max_pages + cp - 1) / cp); };
   // Under a wave: halve while the grid would fill less than half of it (v13: at 128K batch 1,
   // 512 blocks of 128 pages on 792 slots beat 1024 of 64; v22: beat 688 of 96 too, and 256 of
@@ -28,7 +37,7 @@ inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots) {
   if (blocks(kMax) > 2 * slots) return kMax;
   int best = kMax;
   int64_t best_cost = 0;
-  for (int cp : {128, 96, 64}) {
+  for (int cp : {kMax, 96, 64}) {
     const int64_t cost = (blocks(cp) + slots - 1) / slots * cp;
     if (cp == kMax || cost < best_cost) best = cp, best_cost = cost;
   }
