@@ -14,6 +14,7 @@
 // (4 at d 256), wider groups take several blocks per page chunk.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "locks/error.h"
 #include "score.cuh"
@@ -134,7 +135,9 @@ struct StageLoader {
 // capped to match, so they never lower the occupancy further.
 template <int D, int NT1, bool HL>
 constexpr int score_min_blocks() {
-  if constexpr (!HL) return NT1 == 1 ? 6 : 4;  // 5 at G 16 spills (measured: no gain)
+  // G 9-16 (NT1 2): 5, with the V q query fragments in shared memory (v23; with them in
+  // registers 5 spilled, v15).
+  if constexpr (!HL) return NT1 == 1 ? 6 : 5;
   return D == 256 ? 4 : NT1 == 1 ? 6 : NT1 == 2 ? 5 : 4;
 }
 
@@ -167,8 +170,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   // (V q; the same unless the summaries are query-weighted), and their inverses.
   __shared__ float qf[GMAX], qfw[GMAX], unscale[GMAX], unscale_w[GMAX];
   __shared__ float mt[kMmaWarps][kSP][GMAX + 1];  // q.mu per page of the stage
-  // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte load
-  __shared__ __align__(16) float wy[kMmaWarps][kSP * GMAX * R];
+  // scaled (V q)_k per page of the stage: [page][head][k], so a lane's two k are one 8-byte (or,
+  // rounded once, 4-byte) load. Rounded once, they enter the per-key mma as fp16 anyway, so
+  // they are stored as fp16 (the same bits; half the shared memory).
+  using WyT = std::conditional_t<HL, float, __half>;
+  __shared__ __align__(16) WyT wy[kMmaWarps][kSP * GMAX * R];
+  // Two n-tiles (G 9-16): the V q query fragments live in shared memory, one copy for the
+  // block's warps (identical in every warp), read per k-step: 32 registers a thread fewer,
+  // which lets 5 blocks (20 warps) share an SM instead of 4 (v23).
+  constexpr bool kBqShared = NT1 == 2;
+  __shared__ __align__(16) uint2 bqs[kBqShared ? NT1 * KS * 32 : 1];
   extern __shared__ float4 dyn[];
   Stage<D, NG>* stages = reinterpret_cast<Stage<D, NG>*>(dyn);
 
@@ -257,6 +268,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
         const float e0 = lo ? v0 - MmaH::round(v0) : v0, e1 = lo ? v1 - MmaH::round(v1) : v1;
         bq[nt][s][x] = MmaH::pack(e0, e1);
       }
+      if (kBqShared && warp == 0)
+        bqs[(nt * KS + s) * 32 + lane] = make_uint2(bq[nt][s][0], bq[nt][s][1]);
     }
   }
 
@@ -406,9 +419,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
-          for (int nt = 0; nt < NT1; ++nt)
-            MmaH::run(acc[nt], o0[2 * kk], o1[2 * kk], o0[2 * kk + 1], o1[2 * kk + 1],
-                      bq[nt][2 * v + kk][0], bq[nt][2 * v + kk][1]);
+          for (int nt = 0; nt < NT1; ++nt) {
+            uint32_t b0 = bq[nt][2 * v + kk][0], b1 = bq[nt][2 * v + kk][1];
+            if constexpr (kBqShared) {
+              const uint2 f = bqs[(nt * KS + 2 * v + kk) * 32 + lane];
+              b0 = f.x, b1 = f.y;
+            }
+            MmaH::run(acc[nt], o0[2 * kk], o1[2 * kk], o0[2 * kk + 1], o1[2 * kk + 1], b0, b1);
+          }
       }
 #pragma unroll
       for (int nt = 0; nt < NT1; ++nt) {
@@ -419,10 +437,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
               (acc[nt][2] + acc[nt][3]) * wsc[1] * unscale_w[g];
         } else {  // columns 2 tig, 2 tig + 1: heads nt*8 + 2 tig and the next
           const int g = nt * 8 + 2 * tig;
-          wy[warp][(p * GMAX + g) * R + gid] = acc[nt][0] * wsc[0] * unscale_w[g];
-          wy[warp][(p * GMAX + g + 1) * R + gid] = acc[nt][1] * wsc[0] * unscale_w[g + 1];
-          wy[warp][((p + 1) * GMAX + g) * R + gid] = acc[nt][2] * wsc[1] * unscale_w[g];
-          wy[warp][((p + 1) * GMAX + g + 1) * R + gid] = acc[nt][3] * wsc[1] * unscale_w[g + 1];
+          wy[warp][(p * GMAX + g) * R + gid] = WyT(acc[nt][0] * wsc[0] * unscale_w[g]);
+          wy[warp][(p * GMAX + g + 1) * R + gid] = WyT(acc[nt][1] * wsc[0] * unscale_w[g + 1]);
+          wy[warp][((p + 1) * GMAX + g) * R + gid] = WyT(acc[nt][2] * wsc[1] * unscale_w[g]);
+          wy[warp][((p + 1) * GMAX + g + 1) * R + gid] =
+              WyT(acc[nt][3] * wsc[1] * unscale_w[g + 1]);
         }
       }
     }
@@ -451,17 +470,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
       const int plB = (gid + 8) / GMAX, gB = (gid + 8) % GMAX;  // row gid + 8
 #pragma unroll
       for (int t = 0; t < NMT; ++t) {
-        const float2 wA =
-            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plA) * GMAX + gA) * R + 2 * tig]);
-        const float2 wB =
-            *reinterpret_cast<const float2*>(&wy[warp][((t * PM + plB) * GMAX + gB) * R + 2 * tig]);
+        const WyT* yA = &wy[warp][((t * PM + plA) * GMAX + gA) * R + 2 * tig];
+        const WyT* yB = &wy[warp][((t * PM + plB) * GMAX + gB) * R + 2 * tig];
         uint32_t hiA, loA, hiB, loB;
         if constexpr (HL) {
+          const float2 wA = *reinterpret_cast<const float2*>(yA);
+          const float2 wB = *reinterpret_cast<const float2*>(yB);
           split_half2(wA.x, wA.y, hiA, loA);
           split_half2(wB.x, wB.y, hiB, loB);
-        } else {
-          hiA = MmaH::pack(wA.x, wA.y);
-          hiB = MmaH::pack(wB.x, wB.y);
+        } else {  // the fp16 pair as stored (== MmaH::pack of the fp32 values: round to nearest)
+          hiA = *reinterpret_cast<const uint32_t*>(yA);
+          hiB = *reinterpret_cast<const uint32_t*>(yB);
           loA = loB = 0u;
         }
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
