@@ -15,6 +15,7 @@
 #include <cooperative_groups.h>
 
 #include "aggregate_common.cuh"
+#include "cluster_push.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
 #include "select_common.cuh"
@@ -26,12 +27,17 @@ namespace {
 
 constexpr int kHeadGroups = kThreads / 128;  // heads whose LSE a block reduces at once
 
+// Receive buffers of the pushed exchanges (cluster_push.cuh), one mbarrier each, each used
+// once: the four radix passes' summed counts, the head LSEs, the candidate counts.
+enum PushBar { kBarPass0, kBarLse = 4, kBarCounts, kNumBars };
+
 struct ClusterSmem {
   uint32_t keys[kSelectChunk];
-  uint32_t hist[2][256];     // this block's digit counts, double-buffered across passes
-  uint32_t packed_count;     // this block's (> T) | (== T) << 16 candidates
-  float own_lse[kMaxGroup];  // the heads this block reduced (others read them)
-  float lse[kMaxGroup];      // every head's, gathered
+  uint64_t bar[kNumBars];
+  uint32_t hist[256];         // this block's digit counts of the current pass
+  uint32_t sum[4][256];       // the cluster's, a buffer a pass, summed by the peers' pushes
+  uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
+  float lse[kMaxGroup];       // every head's LSE, pushed by the block that reduced it
   float part_m[kHeadGroups][4], part_l[kHeadGroups][4];
 };
 
@@ -49,6 +55,11 @@ struct ClusterArgs {
 
 // kFused: the GQA aggregation here (kG >= G: registers for a page's head scores, 8, 16 or
 // 32); otherwise the group scores are read from a.gs (aggregate_kernel ran first).
+// Every exchange between the blocks is pushed (v24): the head LSEs, each radix pass's
+// digit counts (red.async adds into every peer's sum buffer of that pass) and the candidate
+// counts. The one ordering cluster barrier, at the start, publishes the mbarriers'
+// initialisation and the cleared buffers; two relaxed ones keep blocks from exiting while
+// their pushes may be in flight.
 template <int kG, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterArgs a) {
   __shared__ SelectSmem sm;
@@ -57,13 +68,26 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
   const int h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y, G = a.Hq / Hkv;
   const int64_t row = int64_t(b) * Hkv + h;
+  // st.async / red.async need a peer (a cluster of >= 2 blocks): one block keeps its
+  // values in place instead.
+  const bool solo = n_ranks == 1;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kNumBars; ++i) push_barrier_init(&cs.bar[i]);
+    push_barrier_fence_init();
+  }
+  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cs.sum[i / 256][i % 256] = 0;
+  __syncthreads();
+  cluster.barrier_arrive();  // inits and cleared buffers published; waited for before any push
 
   const Rules r = rules_for(a.seq_lens[b], a.P, a.M, a.cfg);
   const int j0 = rank * a.span, j1 = min(a.M, j0 + a.span);
   float* grow = a.gs + row * a.M;
   if constexpr (kFused) {
     // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
-    // order), then every block gathers all G from their owners' shared memory.
+    // order) and pushes each to every block.
+    if (threadIdx.x == 0 && !solo) push_expect(&cs.bar[kBarLse], uint32_t(G) * 4u);
+    bool waited = false;
     for (int g0 = rank * kHeadGroups; g0 < G; g0 += n_ranks * kHeadGroups) {
       const int g = g0 + int(threadIdx.x) / 128, t = int(threadIdx.x) % 128, slot = g - g0;
       const int64_t hrow = int64_t(b) * a.Hq + h * G + g;
@@ -71,20 +95,20 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
         head_lse_partial(a.chunk_lse + hrow * a.n_chunks * 2, a.n_used, t, cs.part_m[slot],
                          cs.part_l[slot]);
       __syncthreads();
-      if (g < G && t == 0) {
+      if (!waited) cluster.barrier_wait(), waited = true;
+      if (g < G && t < n_ranks) {  // thread t pushes head g's LSE to block t
         const float v = head_lse_final(cs.part_m[slot], cs.part_l[slot]);
-        cs.own_lse[g] = v;
-        a.head_lse[hrow] = v;
+        if (t == 0) a.head_lse[hrow] = v;
+        if (solo)
+          cs.lse[g] = v;
+        else
+          push_store(peer(cluster, reinterpret_cast<uint32_t*>(&cs.lse[g]), t), __float_as_uint(v),
+                   peer(cluster, &cs.bar[kBarLse], t));
       }
       __syncthreads();
     }
-    cluster.sync();
-    if (int(threadIdx.x) < G) {
-      const int g = int(threadIdx.x), owner = (g / kHeadGroups) % n_ranks;
-      cs.lse[g] = *cluster.map_shared_rank(&cs.own_lse[g], owner);
-    }
-    cluster.barrier_arrive();  // this block's remote reads are done (waited for below)
-    __syncthreads();
+    if (!waited) cluster.barrier_wait();
+    if (!solo) push_wait(&cs.bar[kBarLse], 0);
 
     // 2. Group scores of this block's pages, written out and kept as keys for the
     // candidates; two pages a thread at a time, both pages' loads in flight together.
@@ -100,23 +124,25 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
         cs.keys[j2 - j0] = float_key(s1);
       }
     }
-    // Every block has gathered the LSEs: no block reads another's own_lse after this, so
-    // any may exit.
-    cluster.barrier_wait();
   } else {
     for (int j = j0 + int(threadIdx.x); j < j1; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
+    cluster.barrier_wait();
   }
+  // Every push addressed to this block so far (the LSEs) has landed.
+  cluster_arrive_relaxed();
   int32_t* out = a.pages + row * a.cap;
   // Cluster-uniform from here on (r depends only on the sequence): every block takes the
-  // same branches and meets the same cluster barriers.
+  // same branches and makes the same pushes.
   if (r.all) {
     if (rank == 0) write_all_pages(r, a.cap, out, a.counts + row);
+    cluster_wait();
     return;
   }
   const int n_cand = r.recent_start - r.sink_end;  // candidates: pages [sink_end, recent_start)
   const int slots = max(r.slots, 0);
   if (slots == 0 || n_cand <= 0) {
     if (rank == 0) write_list(r, 0, a.cap, out, a.counts + row);
+    cluster_wait();
     return;
   }
   const int lo = max(j0, r.sink_end), hi = min(j1, r.recent_start);
@@ -129,7 +155,8 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   };
 
   // 3. Radix select over the row: T and how many keys == T to take (Threshold::bound: the
-  // passes stop once the current bin is taken whole).
+  // passes stop once the current bin is taken whole). A pass's counts are added into every
+  // block's sum[pass] (cleared before the start barrier: no buffer is reused).
   const bool take_all = n_cand <= slots;
   uint32_t T = 0;
   int need_eq = 0;
@@ -137,18 +164,22 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     uint32_t prefix = 0, mask = 0;
     int remaining = slots;
     for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
-      uint32_t* mine = cs.hist[pass & 1];  // read by the others in this pass only: the
-      for (int i = threadIdx.x; i < 256; i += kThreads) mine[i] = 0;  // next pass's barrier
-      __syncthreads();                                                // orders its reuse
-      count_digits(key_of, n, prefix, mask, shift, mine);
-      cluster.sync();  // every block's counts of this pass are complete
-      for (int i = threadIdx.x; i < 256; i += kThreads) {
-        uint32_t tot = 0;
-        for (int q = 0; q < n_ranks; ++q) tot += cluster.map_shared_rank(mine, q)[i];
-        sm.hist[i] = tot;
-      }
+      for (int i = threadIdx.x; i < 256; i += kThreads) cs.hist[i] = 0;
+      if (threadIdx.x == 0 && !solo)
+        push_expect(&cs.bar[kBarPass0 + pass], uint32_t(n_ranks) * 256u * 4u);
       __syncthreads();
-      find_digit(sm.hist, remaining, sm);
+      count_digits(key_of, n, prefix, mask, shift, cs.hist);
+      __syncthreads();
+      // Thread t pushes bin t % 256 to the blocks t / 256, t / 256 + 2, ...
+      if (!solo) {
+        const int bin = int(threadIdx.x) % 256;
+        const uint32_t c = cs.hist[bin];
+        for (int q = int(threadIdx.x) / 256; q < n_ranks; q += kThreads / 256)
+          push_add(peer(cluster, &cs.sum[pass][bin], q), c,
+                   peer(cluster, &cs.bar[kBarPass0 + pass], q));
+        push_wait(&cs.bar[kBarPass0 + pass], 0);
+      }
+      find_digit(solo ? cs.hist : cs.sum[pass], remaining, sm);
       __syncthreads();
       prefix |= sm.digit << shift;
       mask |= 255u << shift;
@@ -162,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     need_eq = remaining;
   }
 
-  // 4. Offsets: the candidates > T and == T of the lower-ranked blocks.
+  // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (each block pushes
+  // its count to every block).
   uint32_t own = 0;
   for (int e = threadIdx.x; e < n; e += kThreads) {
     const uint32_t k = keys[e];
@@ -170,23 +202,24 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   }
   uint32_t pre, agg;
   Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
-  if (threadIdx.x == 0) cs.packed_count = agg;
-  cluster.sync();
+  if (threadIdx.x == 0 && !solo) push_expect(&cs.bar[kBarCounts], uint32_t(n_ranks) * 4u);
+  if (int(threadIdx.x) < n_ranks && !solo)  // thread q pushes this block's count to block q
+    push_store(peer(cluster, &cs.packed[rank], int(threadIdx.x)), agg,
+               peer(cluster, &cs.bar[kBarCounts], int(threadIdx.x)));
+  cluster_wait();  // (the relaxed arrive above: long since met)
+  if (!solo) push_wait(&cs.bar[kBarCounts], 0);
+  cluster_arrive_relaxed();  // every push addressed to this block has landed
   uint32_t gt0 = 0, eq0 = 0;
   for (int q = 0; q < rank; ++q) {
-    const uint32_t c = *cluster.map_shared_rank(&cs.packed_count, q);
-    gt0 += c & 0xffffu;
-    eq0 += c >> 16;
+    gt0 += cs.packed[q] & 0xffffu;
+    eq0 += cs.packed[q] >> 16;
   }
-  // No block may exit (its shared memory going away) while another still reads it: arrive
-  // now, wait after the compaction.
-  cluster.barrier_arrive();
   __syncthreads();  // Scan storage reuse
   compact(
       key_of, n, take_all, T, need_eq, sm, [&](int e, int pos) { out[r.sink_end + pos] = lo + e; },
       gt0, eq0);
   if (rank == 0) write_list(r, take_all ? n_cand : slots, a.cap, out, a.counts + row);
-  cluster.barrier_wait();
+  cluster_wait();  // no block exits while a push it issued may be in flight
 }
 
 // A launch configuration of kThreads-thread blocks in clusters of cs along x (the attribute
