@@ -52,15 +52,17 @@ __device__ __forceinline__ float group_score(const float* s, int64_t stride, con
   return m + logf(sum) - logf(float(G));
 }
 
-// group_score with the page's G <= kG head scores loaded first, all loads in flight at once
-// (the fused kernel runs few blocks, so each thread's memory parallelism sets its time);
-// the same arithmetic in the same order, so the same bits.
+// group_score in two steps: a page's G <= kG head scores loaded first (all loads in flight at
+// once: the fused kernel runs few blocks, so each thread's memory parallelism sets its time),
+// then the same arithmetic in the same order, so the same bits.
 template <int kG>
-__device__ __forceinline__ float group_score_batched(const float* s, int64_t stride,
-                                                     const float* lse, int G) {
-  float x[kG];
+__device__ __forceinline__ void load_head_scores(const float* s, int64_t stride, int G,
+                                                 float (&x)[kG]) {
 #pragma unroll
   for (int g = 0; g < kG; ++g) x[g] = g < G ? s[int64_t(g) * stride] : kNegInf;
+}
+template <int kG>
+__device__ __forceinline__ float group_score_of(const float (&x)[kG], const float* lse, int G) {
   float m = kNegInf;
 #pragma unroll
   for (int g = 0; g < kG; ++g)
@@ -71,6 +73,13 @@ __device__ __forceinline__ float group_score_batched(const float* s, int64_t str
   for (int g = 0; g < kG; ++g)
     if (g < G && lse[g] != kNegInf && x[g] != kNegInf) sum += expf(x[g] - lse[g] - m);
   return m + logf(sum) - logf(float(G));
+}
+template <int kG>
+__device__ __forceinline__ float group_score_batched(const float* s, int64_t stride,
+                                                     const float* lse, int G) {
+  float x[kG];
+  load_head_scores<kG>(s, stride, G, x);
+  return group_score_of<kG>(x, lse, G);
 }
 
 }  // namespace

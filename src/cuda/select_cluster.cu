@@ -87,6 +87,18 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
     // order) and pushes each to every block.
     if (threadIdx.x == 0 && !solo) push_expect(&cs.bar[kBarLse], uint32_t(G) * 4u);
+    // The head scores of this thread's first two pages are loaded now, in flight while the
+    // LSEs are reduced and exchanged (at G <= 8 the registers allow it; 16 and 32 load later).
+    const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
+    constexpr bool kEarly = kG <= 8;
+    float x0[kEarly ? kG : 1], x1[kEarly ? kG : 1];
+    const int jf = j0 + int(threadIdx.x), jf2 = jf + kThreads;
+    if constexpr (kEarly) {
+      if (jf < j1) {
+        load_head_scores<kG>(hrow0 + jf, a.M, G, x0);
+        load_head_scores<kG>(hrow0 + min(jf2, j1 - 1), a.M, G, x1);
+      }
+    }
     bool waited = false;
     for (int g0 = rank * kHeadGroups; g0 < G; g0 += n_ranks * kHeadGroups) {
       const int g = g0 + int(threadIdx.x) / 128, t = int(threadIdx.x) % 128, slot = g - g0;
@@ -112,11 +124,15 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
 
     // 2. Group scores of this block's pages, written out and kept as keys for the
     // candidates; two pages a thread at a time, both pages' loads in flight together.
-    const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
-    for (int j = j0 + int(threadIdx.x); j < j1; j += 2 * kThreads) {
+    for (int j = jf; j < j1; j += 2 * kThreads) {
       const int j2 = j + kThreads;
-      const float s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
-      const float s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
+      float s0, s1;
+      if (kEarly && j == jf) {
+        if constexpr (kEarly) s0 = group_score_of<kG>(x0, cs.lse, G), s1 = group_score_of<kG>(x1, cs.lse, G);
+      } else {
+        s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
+        s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
+      }
       grow[j] = s0;
       cs.keys[j - j0] = float_key(s0);
       if (j2 < j1) {
