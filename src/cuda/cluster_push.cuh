@@ -60,7 +60,9 @@ __device__ __forceinline__ void push_add(uint32_t* peer_dst, uint32_t v, uint64_
 // A cluster barrier that orders nothing (no GPU-wide fence): used only so that no block
 // exits while a push it issued may still be in flight (every block arrives after it has
 // received all pushes addressed to it, and waits before it exits).
-__device__ __forceinline__ void cluster_arrive_relaxed() { ptx::barrier_cluster_arrive(ptx::sem_relaxed); }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  ptx::barrier_cluster_arrive(ptx::sem_relaxed);
+}
 __device__ __forceinline__ void cluster_wait() { ptx::barrier_cluster_wait(); }
 
 }  // namespace

@@ -34,10 +34,10 @@ enum PushBar { kBarPass0, kBarLse = 4, kBarCounts, kNumBars };
 struct ClusterSmem {
   uint32_t keys[kSelectChunk];
   uint64_t bar[kNumBars];
-  uint32_t hist[256];         // this block's digit counts of the current pass
-  uint32_t sum[4][256];       // the cluster's, a buffer a pass, summed by the peers' pushes
+  uint32_t hist[256];    // this block's digit counts of the current pass
+  uint32_t sum[4][256];  // the cluster's, a buffer a pass, summed by the peers' pushes
   uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
-  float lse[kMaxGroup];       // every head's LSE, pushed by the block that reduced it
+  float lse[kMaxGroup];                // every head's LSE, pushed by the block that reduced it
   float part_m[kHeadGroups][4], part_l[kHeadGroups][4];
 };
 
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
           cs.lse[g] = v;
         else
           push_store(peer(cluster, reinterpret_cast<uint32_t*>(&cs.lse[g]), t), __float_as_uint(v),
-                   peer(cluster, &cs.bar[kBarLse], t));
+                     peer(cluster, &cs.bar[kBarLse], t));
       }
       __syncthreads();
     }
@@ -127,9 +127,15 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     for (int j = jf; j < j1; j += 2 * kThreads) {
       const int j2 = j + kThreads;
       float s0, s1;
-      if (kEarly && j == jf) {
-        if constexpr (kEarly) s0 = group_score_of<kG>(x0, cs.lse, G), s1 = group_score_of<kG>(x1, cs.lse, G);
-      } else {
+      bool loaded = false;  // this iteration's head scores already in registers
+      if constexpr (kEarly) {
+        if (j == jf) {
+          s0 = group_score_of<kG>(x0, cs.lse, G);
+          s1 = group_score_of<kG>(x1, cs.lse, G);
+          loaded = true;
+        }
+      }
+      if (!loaded) {
         s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
         s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
       }
