@@ -3,7 +3,7 @@
 # unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
 # the repository root; every phase fits one device call (< 10 min):
 #   scripts/vllm_gpu.sh [build] [smoke] [correct] [latency-glm] [latency-llama] [latency-quick]
-#                       [peer] [peer-quick] [env]
+#                       [profile-llama] [profile-glm] [peer] [peer-quick] [env]
 # build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
 #          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
 #          define the H200 build needs).
@@ -17,6 +17,9 @@
 # latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
 #                needs 137 GB of KV: does not fit one H200).
 # (latency phases: LOCKS_VLLM_RUNNER=0 runs them on the V1 model runner.)
+# profile-llama / profile-glm: nsys over one latency row per backend (LOCKS_VLLM_ROWS, default
+#          Llama 128K b1 / GLM 1M b1), per-kernel sums as CSV and the top 30 printed: where the
+#          model-level step spends what the one-layer bench does not show (~5 min).
 # peer:    LOCKS vs vLLM's FA3 paged decode on the kernel bench's rows (bench/peer_fa3.py, issue
 #          #14 item 6): runs locks_bench_cuda ($LOCKS_BENCH_BIN, default the carried
 #          .devcarry/gpu/bench/cuda/locks_bench_cuda) on its whole grid, then times FA3 exactly as
@@ -72,6 +75,24 @@ for p in "${phases[@]}"; do
         --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;
     latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
         --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;
+    profile-llama | profile-glm)
+      # Where a decode step's time goes inside the model: nsys over one latency row (graph
+      # nodes traced one by one, the engine in-process), then the per-kernel sums (name,
+      # instances, average) for each backend; compare with locks_bench_cuda's stage times.
+      m=${p#profile-}
+      if ! command -v nsys >/dev/null; then echo "$p: nsys not found on this machine"; status=1; continue; fi
+      for be in CUSTOM FLASH_ATTN; do
+        VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 280 nsys profile --force-overwrite=true --trace=cuda \
+          --cuda-graph-trace=node -o "/tmp/prof-$m-$be" python3 -m locks.vllm.check latency \
+          --out "$V/prof-$be" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 260 --backends "$be" \
+          --rows "${LOCKS_VLLM_ROWS:-$([ "$m" = glm ] && echo "glm 1048576 1" || echo "llama 131072 1")}" \
+          >"$V/prof-$m-$be.log" 2>&1
+        echo "[$p $be] rc=$?"
+        nsys stats --force-export=true --report cuda_gpu_kern_sum --format csv \
+          --output "$V/prof-$m-$be" "/tmp/prof-$m-$be.nsys-rep" >/dev/null 2>&1
+        f=$V/prof-$m-${be}_cuda_gpu_kern_sum.csv
+        [ -f "$f" ] && python3 -c "import csv,sys; r=list(csv.DictReader(open(sys.argv[1]))); [print(f\"{float(x['Total Time (ns)'])/1e6:10.2f} ms {int(x['Instances']):8d} x {float(x['Avg (ns)'])/1e3:9.2f} us  {x['Name'][:90]}\") for x in r[:30]]" "$f"
+      done ;;
     latency-quick) run latency-quick 400 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 180 \
         --rows "glm 131072 1" ;;
     peer | peer-quick)
