@@ -3,7 +3,7 @@
 # uses the carried build-cuda binaries (rebuilds with cmake/ninja if they do not run there),
 # runs the GPU tests, compute-sanitizer memcheck and racecheck on the test binary, and the
 # benchmark; writes every log under $OUT (default ./gpu-out).
-#   scripts/gpu_tests.sh [tests] [ops] [memcheck] [racecheck] [bench] [bench-quick] [ab] [profile]
+#   scripts/gpu_tests.sh [tests] [ops] [memcheck] [racecheck] [bench] [bench-quick] [ab] [sweep] [profile]
 #                        [python] [python-ops] [python-model]
 #   (default: tests memcheck racecheck bench). ops: only the cross-backend op suite and the
 #   memory test (also part of tests). bench: the whole grid of #14 (7 model shapes x
@@ -21,9 +21,10 @@
 #   LOCKS_AB_BASE_ARGS / LOCKS_AB_ARGS: extra bench options for the base / the new binary
 #   (the same binary twice with different plan knobs works too). LOCKS_MEMCHECK_FILTER /
 #   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases. scripts/ab_table.py prints
-#   an ab.log as one line per row.
+#   an ab.log as one line per row. sweep: one binary over several option sets
+#   (LOCKS_SWEEP_OPTS="opts|opts|...", rows in LOCKS_SWEEP_ROWS), each row twice, to sweep.log.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-out}
 BUILD=${LOCKS_CUDA_BUILD:-build-cuda}
 mkdir -p "$OUT"
@@ -83,6 +84,21 @@ for p in "${phases[@]}"; do
             echo "== rep $rep $side $(basename "$bin") $row $args" | tee -a "$OUT/ab.log"
             # shellcheck disable=SC2086
             timeout 60 "$bin" /dev/null --only $row $args 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
+          done
+        done
+      done ;;
+    sweep)
+      # One binary, several option sets side by side (a plan knob's values), each row twice:
+      # LOCKS_SWEEP_OPTS="--select-cluster 0|--select-cluster 8|..." ('|'-separated sets),
+      # LOCKS_SWEEP_ROWS as LOCKS_AB_ROWS. Written as ab.log lines (scripts/ab_table.py).
+      IFS=';' read -ra rows <<<"${LOCKS_SWEEP_ROWS:-Llama 131072 1;GLM 131072 1}"
+      IFS='|' read -ra sets <<<"${LOCKS_SWEEP_OPTS:?set LOCKS_SWEEP_OPTS to '|'-separated bench options}"
+      for rep in 1 2; do
+        for row in "${rows[@]}"; do
+          for args in "${sets[@]}"; do
+            echo "== rep $rep new $(basename "$BENCH") $row $args" | tee -a "$OUT/sweep.log"
+            # shellcheck disable=SC2086
+            timeout 60 "$BENCH" /dev/null --only $row $args 2>&1 | tee -a "$OUT/sweep.log" | grep -vE "^$|^xtime"
           done
         done
       done ;;

@@ -35,7 +35,7 @@
 # both backends alike (LOCKS_BENCH_SKIP_PREFILL_ATTENTION=1); decode is measured as is.
 # Logs and JSON under $OUT/vllm (default ./gpu-out/vllm).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu-out}
 V=$OUT/vllm
 mkdir -p "$V"
