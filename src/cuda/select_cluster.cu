@@ -6,12 +6,12 @@
 // One thread-block cluster of `cs` blocks (1-16) per (KV head, sequence); block c owns pages
 // [c * span, (c + 1) * span) of the row (span <= kSelectChunk, keys in shared memory). Each
 // block: the LSEs of its share of the G heads from the scoring partials (lse_kernel's
-// order: the same bits), exchanged through distributed shared memory, the group scores of its pages
+// order: the same bits), pushed to every block, the group scores of its pages
 // (aggregate_kernel's arithmetic: the same bits, also written to group_scores), then a radix select
-// over the whole row with one 256-bin histogram per block per digit pass, summed across the cluster
-// through distributed shared memory, and a stable compaction whose offsets are the counts of the
-// lower-ranked blocks. Same rules and ties as select.cu (lowest index among equal keys), so the
-// same list.
+// over the whole row with one 256-bin histogram per block per digit pass, added into every
+// block's sum of that pass (red.async, cluster_push.cuh), and a stable compaction whose offsets
+// are the counts of the lower-ranked blocks (pushed too). Same rules and ties as select.cu
+// (lowest index among equal keys), so the same list.
 #include <cooperative_groups.h>
 
 #include "aggregate_common.cuh"
