@@ -38,6 +38,14 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cu
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 } | tee "$OUT/device.txt"
 
+# One bench row of an A/B or a sweep, appended to LOG under a "== rep REP SIDE BINARY ROW
+# OPTIONS" header (the format scripts/ab_table.py reads): bench_row LOG REP SIDE BIN ROW ARGS.
+bench_row() {
+  echo "== rep $2 $3 $(basename "$4") $5 $6" | tee -a "$1"
+  # shellcheck disable=SC2086
+  timeout 60 "$4" /dev/null --only $5 $6 2>&1 | tee -a "$1" | grep -vE "^$|^xtime"
+}
+
 TESTS=$BUILD/tests/cuda/locks_cuda_tests
 BENCH=$BUILD/bench/cuda/locks_bench_cuda
 python_only=1
@@ -81,9 +89,7 @@ for p in "${phases[@]}"; do
           for side in base new; do
             # (by side, not by path: the base may be the same binary with other options)
             if [ $side = base ]; then bin=$base args=${LOCKS_AB_BASE_ARGS:-}; else bin=$BENCH args=${LOCKS_AB_ARGS:-}; fi
-            echo "== rep $rep $side $(basename "$bin") $row $args" | tee -a "$OUT/ab.log"
-            # shellcheck disable=SC2086
-            timeout 60 "$bin" /dev/null --only $row $args 2>&1 | tee -a "$OUT/ab.log" | grep -vE "^$|^xtime"
+            bench_row "$OUT/ab.log" "$rep" $side "$bin" "$row" "$args"
           done
         done
       done ;;
@@ -96,9 +102,7 @@ for p in "${phases[@]}"; do
       for rep in 1 2; do
         for row in "${rows[@]}"; do
           for args in "${sets[@]}"; do
-            echo "== rep $rep new $(basename "$BENCH") $row $args" | tee -a "$OUT/sweep.log"
-            # shellcheck disable=SC2086
-            timeout 60 "$BENCH" /dev/null --only $row $args 2>&1 | tee -a "$OUT/sweep.log" | grep -vE "^$|^xtime"
+            bench_row "$OUT/sweep.log" "$rep" new "$BENCH" "$row" "$args"
           done
         done
       done ;;
