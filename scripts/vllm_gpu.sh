@@ -19,7 +19,8 @@
 # (latency phases: LOCKS_VLLM_RUNNER=0 runs them on the V1 model runner.)
 # profile-llama / profile-glm: nsys over one latency row per backend (LOCKS_VLLM_ROWS, default
 #          Llama 128K b1 / GLM 1M b1), per-kernel sums as CSV and the top 30 printed: where the
-#          model-level step spends what the one-layer bench does not show (~5 min).
+#          model-level step spends what the one-layer bench does not show (~5 min);
+#          LOCKS_PROFILE_BACKENDS="CUSTOM" (or FLASH_ATTN) profiles one backend a call.
 # peer:    LOCKS vs vLLM's FA3 paged decode on the kernel bench's rows (bench/peer_fa3.py, issue
 #          #14 item 6): runs locks_bench_cuda ($LOCKS_BENCH_BIN, default the carried
 #          .devcarry/gpu/bench/cuda/locks_bench_cuda) on its whole grid, then times FA3 exactly as
@@ -81,7 +82,8 @@ for p in "${phases[@]}"; do
       # instances, average) for each backend; compare with locks_bench_cuda's stage times.
       m=${p#profile-}
       if ! command -v nsys >/dev/null; then echo "$p: nsys not found on this machine"; status=1; continue; fi
-      for be in CUSTOM FLASH_ATTN; do
+      # shellcheck disable=SC2086
+      for be in ${LOCKS_PROFILE_BACKENDS:-CUSTOM FLASH_ATTN}; do
         VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 280 nsys profile --force-overwrite=true --trace=cuda \
           --cuda-graph-trace=node -o "/tmp/prof-$m-$be" python3 -m locks.vllm.check latency \
           --out "$V/prof-$be" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 260 --backends "$be" \
