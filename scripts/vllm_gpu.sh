@@ -81,7 +81,16 @@ for p in "${phases[@]}"; do
       # nodes traced one by one, the engine in-process), then the per-kernel sums (name,
       # instances, average) for each backend; compare with locks_bench_cuda's stage times.
       m=${p#profile-}
-      if ! command -v nsys >/dev/null; then echo "$p: nsys not found on this machine"; status=1; continue; fi
+      if ! command -v nsys >/dev/null; then
+        # The H200 machine has ncu, not nsys: the torch profiler (CUPTI) over the second long
+        # decode run of each backend, both backends in one invocation, kernel sums per engine.
+        rows=${LOCKS_VLLM_ROWS:-$([ "$m" = glm ] && echo "glm 1048576 1" || echo "llama 131072 1")}
+        bes=${LOCKS_PROFILE_BACKENDS:-CUSTOM FLASH_ATTN}
+        run "$p" 560 python3 -m locks.vllm.check latency --kernel-profile --out "$V/prof-$m" \
+          ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 270 --backends "${bes// /,}" --rows "$rows"
+        grep -h "^KERNELS" "$V/prof-$m"/lat-*.log | head -70
+        continue
+      fi
       # shellcheck disable=SC2086
       for be in ${LOCKS_PROFILE_BACKENDS:-CUSTOM FLASH_ATTN}; do
         VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 280 nsys profile --force-overwrite=true --trace=cuda \

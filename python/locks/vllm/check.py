@@ -77,17 +77,62 @@ def _engine_main(spec_path: str) -> None:
                             detokenize=False, logprobs=run.get("logprobs"))
         prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
         torch_sync()
+        prof = _kernel_profiler(spec, run)
         ts = time.perf_counter()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
+        if prof is None:
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+        else:
+            with prof:
+                outs = llm.generate(prompts, sp, use_tqdm=False)
         torch_sync()
         entry = {"name": run["name"], "seconds": time.perf_counter() - ts,
                  "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+        if prof is not None:
+            _write_kernel_sums(prof, spec, run)
         if run.get("logprobs"):  # per sequence, per step: {token id: logprob} of the top tokens
             entry["logprobs"] = [[{str(t): float(lp.logprob) for t, lp in step.items()}
                                   for step in (o.outputs[0].logprobs or [])] for o in outs]
         res["runs"].append(entry)
         print(f"ENGINE {spec['tag']} {run['name']} {res['runs'][-1]['seconds']:.3f}s", flush=True)
     json.dump(res, open(spec["result"], "w"))
+
+
+def _kernel_profiler(spec: dict, run: dict):
+    """A torch profiler (CUPTI: kernels inside CUDA-graph replays are recorded one by one) for
+    the run named in spec["profile_run"], when the engine runs in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0); None otherwise. The device machine has ncu, not nsys."""
+    if not spec.get("profile_run") or not run["name"].endswith(spec["profile_run"]):
+        return None
+    import torch
+
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+
+
+def _write_kernel_sums(prof, spec: dict, run: dict) -> None:
+    """Per-kernel device time of the profiled run, largest first: name, instances, total and
+    average microseconds (CSV beside the result), and the top 30 printed."""
+    import csv
+
+    import torch
+
+    rows = []
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        total = getattr(e, "self_device_time_total", None)
+        if total is None:
+            total = getattr(e, "self_cuda_time_total", 0.0)
+        rows.append((e.key, e.count, float(total)))
+    rows.sort(key=lambda r: -r[2])
+    path = spec["result"].replace(".json", f"_{run['name'].replace(':', '_')}_kernels.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["name", "instances", "total_us", "avg_us"])
+        for name, n, t in rows:
+            w.writerow([name, n, f"{t:.1f}", f"{t / max(n, 1):.2f}"])
+    print(f"KERNELS {spec['tag']} {run['name']}: {sum(r[2] for r in rows) / 1e3:.2f} ms on the device", flush=True)
+    for name, n, t in rows[:30]:
+        print(f"KERNELS {t / 1e3:9.3f} ms {n:7d} x {t / max(n, 1):8.2f} us  {name[:100]}", flush=True)
 
 
 def torch_sync():
@@ -97,11 +142,14 @@ def torch_sync():
         torch.cuda.synchronize()
 
 
-def run_engine(tag, llm_kw, runs, env, out_dir, timeout=540, capture=None):
+def run_engine(tag, llm_kw, runs, env, out_dir, timeout=540, capture=None, profile_run=None):
     os.makedirs(out_dir, exist_ok=True)
     spec = {"tag": tag, "llm": llm_kw, "runs": runs, "result": os.path.join(out_dir, f"{tag}.json")}
     if capture:
         spec["capture"] = capture
+    if profile_run:  # kernel sums need the engine in this process
+        spec["profile_run"] = profile_run
+        env = dict(env, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     sp = os.path.join(out_dir, f"{tag}.spec.json")
     json.dump(spec, open(sp, "w"))
     e = dict(os.environ, **SETTINGS_V, **env)
@@ -472,7 +520,8 @@ def latency(args) -> int:
             if be == "FLASH_ATTN":
                 extra["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": args.fa_splits}
             res[be] = run_engine(f"lat-{model}-{be.lower()}", dict(kw, attention_backend=be, **extra),
-                                 runs, env, args.out, timeout=args.timeout, capture=capture)
+                                 runs, env, args.out, timeout=args.timeout, capture=capture,
+                                 profile_run=":long2" if args.kernel_profile else None)
         for c, b in cb:
             row = {"model": model, "context": c, "batch": b}
             for be, r in res.items():
@@ -566,6 +615,9 @@ def main(argv=None) -> int:
     lt.add_argument("--glm-kv-groups", type=int, default=0,
                     help="override GLM's multi_query_group_num (published 1M config: 4)")
     lt.add_argument("--no-skip-prefill", dest="skip_prefill", action="store_false")
+    lt.add_argument("--kernel-profile", action="store_true",
+                    help="torch-profile the second long decode run: per-kernel sums per backend "
+                         "(its time then carries the profiler's cost; use the other runs' times)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     return {"smoke": smoke, "correct": correct, "latency": latency, "judge": judge}[a.cmd](a)
