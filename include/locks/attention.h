@@ -16,9 +16,12 @@
 
 namespace locks {
 
+// The output in fp32 or in the model's dtype (fp16 / bf16: each value rounded once from the
+// fp32 result, round to nearest even); the log-sum-exp stays fp32.
 struct AttentionOutput {
-  float* out = nullptr;  // [batch, num_q_heads, head_dim]
+  void* out = nullptr;   // [batch, num_q_heads, head_dim], contiguous, of dtype
   float* lse = nullptr;  // optional [batch, num_q_heads]: log-sum-exp of the scaled logits
+  DType dtype = DType::f32;
 };
 
 namespace cpu {

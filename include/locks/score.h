@@ -14,14 +14,28 @@
 
 #include <cstdint>
 
+#include "locks/dtype.h"
 #include "locks/kv_cache.h"
 #include "locks/summary.h"
 
 namespace locks {
 
+// The query in fp32 or in the model's own dtype (fp16 / bf16: read as float by every op, so
+// an engine passes its activations without a conversion kernel; the ops' arithmetic is fp32
+// either way). Each sequence's [num_q_heads, head_dim] is contiguous; sequences may lie
+// `stride` elements apart (an engine's query is often a view into a fused QKV projection).
 struct QueryView {
-  const float* q = nullptr;  // [batch_size, num_q_heads, head_dim], contiguous fp32
+  const void* q = nullptr;  // [batch_size, num_q_heads, head_dim] of dtype
   int num_q_heads = 1;
+  DType dtype = DType::f32;
+  int64_t stride = 0;  // elements from one sequence's query to the next; 0: num_q_heads * head_dim
+  int64_t row_stride(int head_dim) const {
+    return stride != 0 ? stride : int64_t(num_q_heads) * head_dim;
+  }
+  // Element offset of (sequence b, query head h): that head's head_dim values follow.
+  int64_t offset(int64_t b, int64_t h, int head_dim) const {
+    return b * row_stride(head_dim) + h * head_dim;
+  }
 };
 
 namespace cpu {

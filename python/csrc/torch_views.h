@@ -232,12 +232,25 @@ inline locks::SummaryView summary_view(at::TensorList all, const locks::CacheLay
   return v;
 }
 
-// q: [batch, num_q_heads, head_dim] fp32.
+// q: [batch, num_q_heads, head_dim], float32 or the model's float16 / bfloat16 (read as
+// float by the ops: no conversion copy); each sequence's [num_q_heads, head_dim] contiguous,
+// sequences any stride(0) >= num_q_heads * head_dim apart (a view of a fused QKV output).
 inline locks::QueryView query_view(const at::Tensor& q, int batch, int head_dim) {
-  require(q, "q", at::kFloat, 3);
+  TORCH_CHECK_VALUE(q.defined(), "q: tensor is undefined");
+  const locks::DType t = to_dtype(q.scalar_type(), "q");
+  TORCH_CHECK_VALUE(q.dim() == 3, "q: expected 3 dimensions, got shape ", q.sizes());
   TORCH_CHECK_VALUE(q.size(0) == batch && q.size(2) == head_dim, "q: expected [", batch,
                     ", num_q_heads, ", head_dim, "], got ", q.sizes());
-  return {q.data_ptr<float>(), to_int(q.size(1), "q.size(1) (num_q_heads)")};
+  const int hq = to_int(q.size(1), "q.size(1) (num_q_heads)");
+  const int64_t row = int64_t(hq) * head_dim;
+  // A one-sequence batch has no stride to speak of (torch may report any value).
+  const int64_t stride = batch <= 1 ? row : q.stride(0);
+  TORCH_CHECK_VALUE((q.stride(2) == 1 || head_dim == 1) && (q.stride(1) == head_dim || hq == 1) &&
+                        stride >= row,
+                    "q: each sequence's [num_q_heads, head_dim] must be contiguous and rows at "
+                    "least num_q_heads * head_dim apart, got strides ",
+                    q.strides());
+  return {q.data_ptr(), hq, t, stride};
 }
 
 // pages [batch, num_kv_heads, capacity] int32, counts [batch, num_kv_heads] int32.
@@ -253,17 +266,20 @@ inline locks::Selection selection_view(const at::Tensor& pages, const at::Tensor
           to_int(pages.size(2), "pages.size(2) (capacity)")};
 }
 
-// out [batch, q_heads, d] and lse [batch, q_heads], float32.
+// out [batch, q_heads, d], float32 or float16 / bfloat16 (each value rounded once from the
+// fp32 result), and lse [batch, q_heads] float32.
 inline locks::AttentionOutput output_view(const at::Tensor& out, const at::Tensor& lse,
                                           const locks::QueryView& q, int batch, int head_dim) {
-  require(out, "out", at::kFloat, 3);
+  TORCH_CHECK_VALUE(out.defined(), "out: tensor is undefined");
+  const locks::DType t = to_dtype(out.scalar_type(), "out");
+  require(out, "out", out.scalar_type(), 3);
   require(lse, "lse", at::kFloat, 2);
   TORCH_CHECK_VALUE(out.size(0) == batch && out.size(1) == q.num_q_heads && out.size(2) == head_dim,
                     "out: expected [", batch, ", ", q.num_q_heads, ", ", head_dim, "], got ",
                     out.sizes());
   TORCH_CHECK_VALUE(lse.size(0) == batch && lse.size(1) == q.num_q_heads, "lse: expected [", batch,
                     ", ", q.num_q_heads, "], got ", lse.sizes());
-  return {out.data_ptr<float>(), lse.data_ptr<float>()};
+  return {out.data_ptr(), lse.data_ptr<float>(), t};
 }
 
 // The plan vector (locks::DecodePlan::to_ints), checked by from_ints.

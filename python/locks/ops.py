@@ -15,7 +15,9 @@ Layouts (include/locks/kv_cache.h, summary.h):
                     basis_scale [N, H, r, d/g], coeff_q i8 [N, H, P, r], coeff_scale [N, H, r]
                     (g: dims per int4 basis scale, default_basis_group(d): 32 at d >= 256,
                     d below; plans take the default)
-  q                 [batch, num_q_heads, head_dim] float32
+  q                 [batch, num_q_heads, head_dim] float32, float16 or bfloat16 (read as float)
+  out, lse          [batch, num_q_heads, head_dim] float32 / float16 / bfloat16 (rounded once
+                    from the fp32 result), [batch, num_q_heads] float32
   pages, counts     [batch, H, capacity] int32 (ascending, -1 padded), [batch, H] int32
 The summaries' precision is read from their dtypes.
 

@@ -94,7 +94,9 @@ class DecodeWrapper:
     def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None,
                validate=False):
         """pages [B, H, capacity] (ascending block-table positions, -1 padded), counts [B, H].
-        validate: check the device-side values first (validate_device_values: one host sync)."""
+        validate: check the device-side values first (validate_device_values: one host sync).
+        q may be float32 or the model's float16 / bfloat16, out any of the three (default a new
+        float32 tensor): an engine passes its own activations and output buffer, no copies."""
         p = self._planned()
         if validate:
             validate_device_values(block_table, seq_lens, page_size=self.params["page_size"],
@@ -129,7 +131,7 @@ class DecodeWrapper:
             pages=None, counts=None, dense=False, check_finite=False, validate=False):
         """One decode step: select pages from the summaries under the planned budget, then
         exact attention over them (dense=True: over every page, summaries unused). Returns
-        (out [B, Hq, d] float32, lse [B, Hq]). check_finite: raise ValueError when q or the
+        (out [B, Hq, d], float32 unless given, lse [B, Hq]). check_finite: raise ValueError when q or the
         caches hold NaN/Inf (a host sync and a pass over the caches: debugging, eager only).
         validate: raise ValueError naming the tensor and the first bad index when a block id of
         a used page, a length, a selected page or a count is out of range (one host sync per

@@ -40,13 +40,19 @@ void check_batch_blocks(const BatchView& batch, int64_t num_blocks, int page_siz
 void check_query(const QueryView& q, int batch_size, int num_kv_heads, int head_dim,
                  const char* where) {
   if (q.q == nullptr) fail(where, "q is null");
+  if (q.dtype != DType::f32 && q.dtype != DType::f16 && q.dtype != DType::bf16)
+    fail(where, "q: unknown dtype code ", static_cast<int>(q.dtype));
   if (q.num_q_heads < 1 || num_kv_heads < 1 || q.num_q_heads % num_kv_heads != 0)
     fail(where, "num_q_heads ", q.num_q_heads, " is not a positive multiple of num_kv_heads ",
          num_kv_heads);
-  const int64_t n = int64_t(batch_size) * q.num_q_heads * head_dim;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(q.q[i])) fail(where, "q has a non-finite element at index ", i);
-  }
+  const int64_t row = int64_t(q.num_q_heads) * head_dim;
+  if (q.stride != 0 && q.stride < row)
+    fail(where, "q.stride ", q.stride, " is below one sequence's num_q_heads * head_dim = ", row);
+  for (int64_t b = 0; b < batch_size; ++b)
+    for (int64_t i = 0; i < row; ++i) {
+      if (!std::isfinite(load_as_float(q.q, q.dtype, q.offset(b, 0, head_dim) + i)))
+        fail(where, "q has a non-finite element at [", b, "] + ", i);
+    }
 }
 
 void check_scale(float scale, const char* where) {

@@ -44,7 +44,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
   plan.threads = std::max(1, omp_get_max_threads());
   const size_t per_thread = detail::align_up(
       std::max({impl::score_scratch_bytes(G, r, d, P), impl::aggregate_scratch_bytes(G, M),
-                impl::select_scratch_bytes(M), impl::attention_scratch_bytes(P, d)}));
+                impl::select_scratch_bytes(M), impl::attention_scratch_bytes(P, d, G)}));
   detail::RegionAlloc a;
   plan.head_scores = a.add(int64_t(B) * Hq * M * 4);
   plan.group_scores = a.add(int64_t(B) * Hkv * M * 4);

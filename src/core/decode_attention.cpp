@@ -54,6 +54,8 @@ struct Scratch {
   float* logits;
   const float** krow;
   const float** vrow;
+  float* qg;    // [G * d]: a group's query rows as float (q in fp16 / bf16)
+  float* orow;  // [d]: an output row before its rounding (out in fp16 / bf16)
 };
 
 // One page of one KV head folded into the online-softmax states of its G query heads;
@@ -150,8 +152,10 @@ void attend_chunk(const KvCacheView& cache, const BatchView& batch, const QueryV
       const int j = list ? list[i] : i;
       if (i + kAhead < std::min(i1, i0 + kChunkPages))
         prefetch_page(cache, table[list ? list[i + kAhead] : i + kAhead], g);
-      attend_page(cache, table[j], std::min(P, len - j * P), g,
-                  q.q + (int64_t(b) * Hq + int64_t(g) * G) * d, G, scale,
+      // (converted once a page and head: G d elements against the page's 2 P G d products)
+      const float* qg =
+          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qg);
+      attend_page(cache, table[j], std::min(P, len - j * P), g, qg, G, scale,
                   part + (first[bg] + c) * G * stride, w);
     }
   }
@@ -173,7 +177,7 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
   const int64_t groups = int64_t(batch.batch_size) * Hkv;
   const int M = batch.max_blocks_per_seq;
   const int max_chunks = (M + kChunkPages - 1) / kChunkPages;
-  LOCKS_REQUIRE(sc.per_thread >= impl::attention_scratch_bytes(P, d), "scratch too small");
+  LOCKS_REQUIRE(sc.per_thread >= impl::attention_scratch_bytes(P, d, G), "scratch too small");
 
   // Chunks per (sequence, KV head), the offset of each one's first chunk state, and the
   // work items: (sequence, chunk index) up to the most chunks of any head of the sequence.
@@ -226,7 +230,9 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
     float* logits = c.take<float>(size_t(P));
     const float** krow = c.take<const float*>(size_t(P));
     const float** vrow = c.take<const float*>(size_t(P));
-    Scratch scratch{kbuf, vbuf, logits, krow, vrow};
+    float* qg = c.take<float>(size_t(G) * d);
+    float* orow = c.take<float>(size_t(d));
+    Scratch scratch{kbuf, vbuf, logits, krow, vrow, qg, orow};
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       attend_chunk(cache, batch, q, scale, pages, capacity, n_sel, first, items[size_t(it)].b,
@@ -243,7 +249,8 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
       float m = kNegInf;
       for (int64_t c = c0; c < c1; ++c) m = std::max(m, part[size_t((c * G + hg) * stride)]);
       float l = 0.0f;
-      float* o = out.out + bh * d;
+      // fp32 output: accumulated in place; fp16 / bf16: in the row buffer, rounded once below
+      float* o = out.dtype == DType::f32 ? static_cast<float*>(out.out) + bh * d : orow;
       std::fill(o, o + d, 0.0f);
       for (int64_t c = c0; c < c1; ++c) {
         const float* sh = part + (c * G + hg) * stride;
@@ -253,6 +260,7 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
       }
       const float inv = 1.0f / l;
       for (int e = 0; e < d; ++e) o[e] *= inv;
+      if (out.dtype != DType::f32) detail::store_row(o, d, out.out, out.dtype, bh * d);
       if (out.lse) out.lse[bh] = m + std::log(l);
     }
   }
@@ -266,16 +274,24 @@ void check_common(const KvCacheView& cache, const BatchView& batch, const QueryV
   if (cache.k == nullptr || cache.v == nullptr) detail::fail(where, "cache.k or cache.v is null");
   validate_cache(cache);
   if (out.out == nullptr) detail::fail(where, "out.out is null");
+  if (out.dtype != DType::f32 && out.dtype != DType::f16 && out.dtype != DType::bf16)
+    detail::fail(where, "out: unknown dtype code ", static_cast<int>(out.dtype));
   detail::check_query(q, batch.batch_size, cache.layout.num_kv_heads, cache.layout.head_dim, where);
   detail::check_scale(scale, where);
 }
 
+// G of the scratch size, before the arguments are checked (0 when they cannot give one).
+int attention_group(const KvCacheView& cache, const QueryView& q) {
+  return cache.layout.num_kv_heads >= 1 ? q.num_q_heads / cache.layout.num_kv_heads : 0;
+}
+
 }  // namespace
 
-size_t impl::attention_scratch_bytes(int P, int d) {
+size_t impl::attention_scratch_bytes(int P, int d, int G) {
   using detail::carve_bytes;
   return 2 * carve_bytes<float>(size_t(P) * d) + carve_bytes<float>(size_t(P)) +
-         2 * carve_bytes<const float*>(size_t(P));
+         2 * carve_bytes<const float*>(size_t(P)) + carve_bytes<float>(size_t(G) * d) +
+         carve_bytes<float>(size_t(d));
 }
 
 // num_q_heads 0: the bookkeeping only (the chunk states follow it).
@@ -305,14 +321,16 @@ void impl::decode_attention(const KvCacheView& cache, const BatchView& batch, co
 void decode_attention_dense(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                             float scale, const AttentionOutput& out) {
   const detail::OwnedScratch sc(detail::checked_bytes(
-      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim));
+      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim,
+      attention_group(cache, q)));
   impl::decode_attention(cache, batch, q, scale, nullptr, out, sc.view(), nullptr, 0);
 }
 
 void decode_attention_sparse(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                              float scale, const Selection& sel, const AttentionOutput& out) {
   const detail::OwnedScratch sc(detail::checked_bytes(
-      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim));
+      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim,
+      attention_group(cache, q)));
   impl::decode_attention(cache, batch, q, scale, &sel, out, sc.view(), nullptr, 0);
 }
 

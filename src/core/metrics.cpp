@@ -37,13 +37,14 @@ void attention_mass_recall(const KvCacheView& cache, const BatchView& batch, con
       const int32_t len = batch.seq_lens[b];
       const int n_pages = detail::num_pages(len, P);
       const int32_t* table = batch.block_table + int64_t(b) * batch.block_table_stride;
-      const float* qh = q.q + bh * d;
+      const int64_t qoff = q.offset(b, h, d);  // q read as float whatever its dtype
       logit.resize(size_t(len));
       double mx = -std::numeric_limits<double>::infinity();
       for (int32_t t = 0; t < len; ++t) {
         const int64_t off = cache.offset(table[t / P], t % P, g);
         double x = 0.0;
-        for (int e = 0; e < d; ++e) x += double(qh[e]) * load_as_float(cache.k, L.dtype, off + e);
+        for (int e = 0; e < d; ++e)
+          x += double(load_as_float(q.q, q.dtype, qoff + e)) * load_as_float(cache.k, L.dtype, off + e);
         x *= double(scale);
         logit[size_t(t)] = x;
         mx = std::max(mx, x);

@@ -35,6 +35,7 @@ struct Scratch {
   float* logits;  // [P]
   float* ct;      // [r * P]
   float* qw;      // [G * d]: the group's queries divided by the query weights (if any)
+  float* qc;      // [G * d]: the group's queries as float (q in fp16 / bf16)
 };
 
 // ct[k * P + i] = float(coeff[i * r + k]): the page's coefficients transposed once per page
@@ -143,7 +144,7 @@ size_t impl::score_scratch_bytes(int G, int r, int d, int P) {
   using detail::carve_bytes;
   return carve_bytes<float>(size_t(d)) + carve_bytes<float>(size_t(G) * r) +
          carve_bytes<float>(size_t(G)) + carve_bytes<float>(size_t(P)) +
-         carve_bytes<float>(size_t(r) * P) + carve_bytes<float>(size_t(G) * d);
+         carve_bytes<float>(size_t(r) * P) + 2 * carve_bytes<float>(size_t(G) * d);
 }
 
 void impl::score_pages(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
@@ -179,7 +180,8 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
     detail::Carver c(sc.slice(omp_get_thread_num()));
     const Scratch w{c.take<float>(size_t(d)),     c.take<float>(size_t(G) * r),
                     c.take<float>(size_t(G)),     c.take<float>(size_t(P)),
-                    c.take<float>(size_t(r) * P), c.take<float>(size_t(G) * d)};
+                    c.take<float>(size_t(r) * P), c.take<float>(size_t(G) * d),
+                    c.take<float>(size_t(G) * d)};
     // Dynamic chunks: a thread that the OS deschedules (a shared machine) does not hold
     // the others at the barrier; results do not depend on which thread scores an item.
 #pragma omp for schedule(dynamic, 64)
@@ -199,7 +201,9 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
       const int32_t block =
           batch.block_table[int64_t(b) * batch.block_table_stride + g * bt_head_stride + j];
       const int64_t bh = int64_t(block) * Hkv + g;
-      const float* qg = q.q + (int64_t(b) * Hq + int64_t(g) * G) * d;
+      // (fp16 / bf16 q: converted per page item, G d elements against its G r d products)
+      const float* qg =
+          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qc);
       const float* qwg = qg;
       if (summaries.qweight) {  // query-weighted summaries: the basis multiplies q / w
         const float* wg = summaries.qweight + int64_t(g) * d;

@@ -63,9 +63,10 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
       continue;
     }
     const SuperGroupF sg = super_dequantize(supers, table.table[int64_t(b) * table.stride + j], g);
-    std::vector<float> w(R), est(S);
+    std::vector<float> w(R), est(S), qrow(static_cast<size_t>(d));
     for (int h = 0; h < G; ++h) {
-      const float* qh = q.q + (int64_t(b) * Hq + int64_t(g) * G + h) * d;
+      const float* qh =
+          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G + h, d), d, qrow.data());
       const float qM = detail::dot(qh, sg.mu.data(), d);
       float w2 = 0.0f;
       for (int k = 0; k < R; ++k) {

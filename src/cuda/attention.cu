@@ -62,7 +62,7 @@ struct AttnArgs {
   int pages_per_split;
   int n_splits;
   int n_sl, gw;  // head slices per KV head and heads per slice (attn_slices)
-  const float* q;
+  QIn q;
   float qscale;  // softmax scale * log2(e)
   float* part_o;
   float* part_ml;
@@ -189,23 +189,35 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int g = mt * 8 + gid;
-    const float* qr = a.q + (int64_t(b) * a.Hq + hq0 + g) * D;
+    const int64_t qr = int64_t(b) * a.q.stride + int64_t(hq0 + g) * D;
+    // One branch on the query's dtype per row, outside the unrolled loads: a branch per
+    // element pair cost the G 16 instance a spilled register in the page loop.
+    auto frag = [&](auto tag) {
+      using E = decltype(tag);
+      const E* row = static_cast<const E*>(a.q.p) + qr;
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
+      for (int s = 0; s < KS; ++s) {
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int dim = 16 * s + 8 * x + 2 * tig;
-        float v0 = 0.f, v1 = 0.f;
-        if (g < gc) {
-          const float2 v = *reinterpret_cast<const float2*>(qr + dim);
-          v0 = v.x * a.qscale;
-          v1 = v.y * a.qscale;
+        for (int x = 0; x < 2; ++x) {
+          const int dim = 16 * s + 8 * x + 2 * tig;
+          float v0 = 0.f, v1 = 0.f;
+          if (g < gc) {
+            const float2 v = pair_to_float2(row + dim);
+            v0 = v.x * a.qscale;
+            v1 = v.y * a.qscale;
+          }
+          const float h0 = M::round(v0), h1 = M::round(v1);
+          qa[mt][s][2 * x] = M::pack(h0, h1);
+          qa[mt][s][2 * x + 1] = M::pack(v0 - h0, v1 - h1);
         }
-        const float h0 = M::round(v0), h1 = M::round(v1);
-        qa[mt][s][2 * x] = M::pack(h0, h1);
-        qa[mt][s][2 * x + 1] = M::pack(v0 - h0, v1 - h1);
       }
-    }
+    };
+    if (a.q.t == DType::f32)
+      frag(float{});
+    else if (a.q.t == DType::bf16)
+      frag(__nv_bfloat16{});
+    else
+      frag(__half{});
   }
   // ldmatrix row addresses. K (non-transposed): matrix i of a k-step pair = token rows
   // nt*8 + (lane & 7), logical chunk 2 s + i, i.e. b0/b1 of steps s and s + 1.
@@ -357,7 +369,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_splits,
                  int pages_per_split, int H, int cap_tokens, int sel_cap,
                  const int32_t* __restrict__ seq_lens, const int32_t* __restrict__ sel_counts,
-                 float* __restrict__ out, float* __restrict__ lse) {
+                 OutBuf out, float* __restrict__ lse) {
   constexpr int E = D / 32;  // dims per lane
   __shared__ float sm[kMergeWarps], sl[kMergeWarps], sacc[kMergeWarps][D];
   const int hq = blockIdx.x, b = blockIdx.y, Hq = gridDim.x;
@@ -420,7 +432,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < kMergeWarps; ++w) a += sacc[w][dim] * fw[w];
-    out[(int64_t(b) * Hq + hq) * D + dim] = row_ok ? a / lt : __int_as_float(0x7fc00000);
+    store_out(out, (int64_t(b) * Hq + hq) * D + dim, row_ok ? a / lt : __int_as_float(0x7fc00000));
   }
   if (threadIdx.x == 0 && lse)
     lse[int64_t(b) * Hq + hq] = row_ok ? (mx + log2f(lt)) * kLn2 : __int_as_float(0x7fc00000);
@@ -473,9 +485,9 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
   return std::max(n, 1);
 }
 
-void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q, int Hq,
+void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, int Hq,
                       float scale, const Selection* sel, int pps, int n_splits, float* part_o,
-                      float* part_ml, float* out, float* lse, cudaStream_t st) {
+                      float* part_ml, OutBuf out, float* lse, cudaStream_t st) {
   const CacheLayout& L = cache.layout;
   AttnArgs a{cache.k,
              cache.v,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "dtype_io.h"
 #include "locks/cuda/check.h"
 #include "locks/dtype.h"
 
@@ -21,6 +22,32 @@ constexpr float kNegInf = -__builtin_huge_valf();
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Element i of the query / a store into the output, whatever their dtype (dtype_io.h).
+__device__ __forceinline__ float load_q(QIn q, int64_t i) {
+  if (q.t == DType::f32) return static_cast<const float*>(q.p)[i];
+  if (q.t == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(q.p)[i]);
+  return __half2float(static_cast<const __half*>(q.p)[i]);
+}
+// Elements p[0], p[1] as float (p even-aligned: one 8- or 4-byte load).
+__device__ __forceinline__ float2 pair_to_float2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 pair_to_float2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 pair_to_float2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+// Round to nearest even, as the host conversions of locks/dtype.h (NaN stays NaN).
+__device__ __forceinline__ void store_out(OutBuf o, int64_t i, float v) {
+  if (o.t == DType::f32)
+    static_cast<float*>(o.p)[i] = v;
+  else if (o.t == DType::bf16)
+    static_cast<__nv_bfloat16*>(o.p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<__half*>(o.p)[i] = __float2half_rn(v);
+}
 
 // Order-preserving map float -> uint32 (larger float, larger key; -inf lowest finite order).
 __device__ __forceinline__ uint32_t float_key(float f) {

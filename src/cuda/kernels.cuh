@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "dtype_io.h"
 #include "locks/cuda/limits.h"
 #include "locks/kv_cache.h"
 #include "locks/select.h"
@@ -26,7 +27,7 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // score_chunk_pages). bt_head_stride: KV head h reads its block ids at
 // block_table[b * stride + h * bt_head_stride + j] (0: one row a sequence; the two-level
 // step's per-head page lists: list_cap).
-void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int num_q_heads,
+void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int num_q_heads,
                   float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   cudaStream_t st, int64_t bt_head_stride = 0);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
@@ -73,9 +74,8 @@ void launch_select(const float* group_scores, const BatchView& batch, int num_kv
 
 // Split-K attention. sel == nullptr: dense over every page. Partials part_o
 // [B, Hq, n_splits, d], part_ml [B, Hq, n_splits, 2]; then the merge writes out / lse.
-void launch_attention(const KvCacheView& cache, const BatchView& batch, const float* q,
-                      int num_q_heads, float scale, const Selection* sel, int pages_per_split,
-                      int n_splits, float* part_o, float* part_ml, float* out, float* lse,
-                      cudaStream_t st);
+void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, int num_q_heads,
+                      float scale, const Selection* sel, int pages_per_split, int n_splits,
+                      float* part_o, float* part_ml, OutBuf out, float* lse, cudaStream_t st);
 
 }  // namespace locks::cuda::detail

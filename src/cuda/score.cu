@@ -25,7 +25,7 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
          limits::group_supported(group) && scales_ok;
 }
 
-void launch_score(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
+void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   cudaStream_t st, int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;

@@ -19,7 +19,7 @@ constexpr int kGenericSmemMax = 160 * 1024;
 __global__ void __launch_bounds__(kGenWarps * 32)
     score_generic(SumView S, bool quant, int H, int d, int r, int P, const int32_t* block_table,
                   int64_t bt_stride, int64_t bt_head_stride, const int32_t* seq_lens, int M,
-                  const float* __restrict__ q, int Hq, float scale, float* head_scores,
+                  QIn q, int Hq, float scale, float* head_scores,
                   float* chunk_lse, int n_chunks) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
 
   for (int e = threadIdx.x; e < G * d; e += blockDim.x) {
     const int g = e / d, c = e % d;
-    qs[g * ld + c] = q[(int64_t(b) * Hq + h * G + g) * d + c] * (scale * kLog2e);
+    qs[g * ld + c] = load_q(q, int64_t(b) * q.stride + (h * G + g) * d + c) * (scale * kLog2e);
   }
   __syncthreads();
   // Untrusted device values (docs/bad_input.md): an invalid length scores no page.
@@ -114,7 +114,7 @@ void prepare_score_generic() {
                                         kGenericSmemMax));
 }
 
-void launch_score_generic(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+void launch_score_generic(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
                           float scale, float* head_scores, float* chunk_lse, int n_chunks,
                           cudaStream_t st, int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;

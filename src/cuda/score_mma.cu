@@ -152,7 +152,7 @@ template <int D, int NT1, int CP, bool HL, int NG>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M,
-              const float* __restrict__ q, int Hq, float scale, float* head_scores,
+              QIn q, int Hq, float scale, float* head_scores,
               float* chunk_lse, int n_chunks, int n_sl, int gw) {
   constexpr int KS = D / 16;       // k-steps over the head dim
   constexpr int R = 8;             // rank
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     const int g = warp + i * kMmaWarps;
 #pragma unroll
     for (int j = 0; j < kQCols; ++j)
-      qpre[i][j] = g < GMAX && g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + lane + 32 * j] : 0.0f;
+      qpre[i][j] = g < GMAX && g < gc ? load_q(q, int64_t(b) * q.stride + (hq0 + g) * D + lane + 32 * j) : 0.0f;
   }
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   Stage<D, NG>* my = stages + 2 * warp;
@@ -565,7 +565,7 @@ HeadSlices mma_slices(int d, int group) {
 }
 
 template <int D, int NT1, int CP, bool HL, int NG>
-void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
+void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                 float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths) {
   const int H = s.layout.num_kv_heads;
   // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
@@ -579,7 +579,7 @@ void launch_mma(const SummaryView& s, const BatchView& batch, const float* q, in
 }
 
 template <int D, int NT1, bool HL, int NG>
-void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+void launch_mma_cp(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
                    float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
                    cudaStream_t st, int64_t bths) {
   if (cp == 128)
@@ -595,7 +595,7 @@ void launch_mma_cp(const SummaryView& s, const BatchView& batch, const float* q,
 // The instance for a slice width: hi/lo with one n-tile of 4 heads (width <= 4, and d 256),
 // else the query rounded once with n-tiles of 8 heads (1 for width <= 8, 2 for <= 16).
 template <int D, int NG>
-void launch_mma_g(const SummaryView& s, const BatchView& batch, const float* q, int Hq, float scale,
+void launch_mma_g(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                   float* hs, float* cl, int n_chunks, int cp, cudaStream_t st, int64_t bths) {
   const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
   if constexpr (D == 256) {
@@ -655,7 +655,7 @@ void prepare_score_mma() {
   prepare_d<256>();
 }
 
-void launch_score_mma(const SummaryView& s, const BatchView& batch, const float* q, int Hq,
+void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
                       float scale, float* head_scores, float* chunk_lse, int n_chunks,
                       int chunk_pages, cudaStream_t st, int64_t bths) {
   const int d = s.layout.head_dim;

@@ -93,7 +93,7 @@ template <int RM, int NP, int PL, int MODE>
 __global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, int d, int R, int S, int P, const int32_t* table,
                        int64_t t_stride, int MG, const int32_t* seq_lens, int M,
-                       const float* __restrict__ q, int Hq, float scale, bool lse, float gamma,
+                       QIn q, int Hq, float scale, bool lse, float gamma,
                        float* out, int gpw) {
   constexpr int HC = 32 / RM;
   extern __shared__ float4 sm4[];
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* ww = wsm + warp * (32 + 2 * HC);
   for (int e = threadIdx.x; e < GP * d; e += blockDim.x)
-    qs[e] = e < G * d ? q[(int64_t(b) * Hq + int64_t(h) * G) * d + e] : 0.0f;
+    qs[e] = e < G * d ? load_q(q, int64_t(b) * q.stride + int64_t(h) * G * d + e) : 0.0f;
   __syncthreads();
   for (int g = warp; g < GP; g += kSuperWarps) {
     float x = 0.0f;
@@ -483,7 +483,7 @@ __global__ void map_positions_kernel(const int32_t* page_map, int L, int32_t* pa
 
 template <int RM, int NP, int PL>
 void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                    const float* q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
+                    QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                     cudaStream_t st) {
   const SuperLayout& l = s.layout;
   constexpr int HC = 32 / RM;
@@ -521,7 +521,7 @@ bool super_score_supported(const SuperLayout& l, int group) {
 }
 
 void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                        const float* q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
+                        QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                         cudaStream_t st) {
   const SuperLayout& l = s.layout;
   LOCKS_REQUIRE(super_score_supported(l, Hq / l.num_kv_heads), "CUDA super_score: rank ", l.rank,
@@ -592,8 +592,9 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
   LOCKS_REQUIRE(batch.batch_size >= 1 && batch.max_blocks_per_seq >= 1 && batch.seq_lens,
                 "super_score: empty batch or null seq_lens");
   LOCKS_REQUIRE(
-      q.q != nullptr && q.num_q_heads >= l.num_kv_heads && q.num_q_heads % l.num_kv_heads == 0,
-      "super_score: q is null or num_q_heads ", q.num_q_heads,
+      q.q != nullptr && q.num_q_heads >= l.num_kv_heads && q.num_q_heads % l.num_kv_heads == 0 &&
+          (q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16),
+      "super_score: q is null, of an unknown dtype, or num_q_heads ", q.num_q_heads,
       " is not a multiple of num_kv_heads ", l.num_kv_heads);
   LOCKS_REQUIRE(std::isfinite(scale) && scale > 0.0f, "scale must be positive and finite");
   LOCKS_REQUIRE(group_head_scores != nullptr, "group_head_scores is null");
@@ -609,7 +610,9 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
           table.stride >= table.max_groups_per_seq,
       "super table is null or holds ", table.max_groups_per_seq,
       " groups, need ceil(max_blocks_per_seq / S) = ", (batch.max_blocks_per_seq + S - 1) / S);
-  detail::launch_super_score(supers, table, batch, q.q, q.num_q_heads, scale, cfg,
+  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(q.num_q_heads) * l.head_dim,
+                "super_score: q.stride ", q.stride, " is below num_q_heads * head_dim");
+  detail::launch_super_score(supers, table, batch, detail::q_in(q, l.head_dim), q.num_q_heads, scale, cfg,
                              group_head_scores, stream);
 }
 

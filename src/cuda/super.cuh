@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "dtype_io.h"
 #include "locks/select.h"
 #include "locks/super_summary.h"
 
@@ -16,7 +17,7 @@ namespace locks::cuda::detail {
 // at d <= 128, GQA group <= kMaxGroup.
 bool super_score_supported(const SuperLayout& l, int group);
 void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                        const float* q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
+                        QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                         cudaStream_t st);
 // Raises the group choice's dynamic shared-memory limit once (outside any capture).
 void prepare_super_kernels();

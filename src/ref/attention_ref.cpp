@@ -20,7 +20,9 @@ void decode_attention(const KvCacheView& cache, const BatchView& batch, const Qu
   LOCKS_REQUIRE(q.num_q_heads >= 1 && q.num_q_heads % l.num_kv_heads == 0,
                 "num_q_heads must be a positive multiple of num_kv_heads");
   const int Hq = q.num_q_heads, G = Hq / l.num_kv_heads, d = l.head_dim, P = l.page_size;
-  detail::check_finite(q.q, int64_t(batch.batch_size) * Hq * d, "q");
+  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(Hq) * d, "q.stride below num_q_heads * head_dim");
+  for (int b = 0; b < batch.batch_size; ++b)
+    detail::check_finite(q.q, q.dtype, q.offset(b, 0, d), int64_t(Hq) * d, "q");
   if (sel) LOCKS_REQUIRE(sel->pages && sel->counts && sel->capacity >= 1, "bad selection");
 
   for (int b = 0; b < batch.batch_size; ++b) {
@@ -42,7 +44,8 @@ void decode_attention(const KvCacheView& cache, const BatchView& batch, const Qu
       } else {
         for (int j = 0; j < n_pages; ++j) pages.push_back(j);
       }
-      const float* qv = q.q + (int64_t(b) * Hq + h) * d;
+      const std::vector<float> qrow = detail::to_float(q.q, q.dtype, q.offset(b, h, d), d);
+      const float* qv = qrow.data();
       std::vector<double> logit;
       std::vector<int64_t> offs;  // element offset of each attended token's (block, slot, g)
       for (int j : pages) {

@@ -73,4 +73,16 @@ void check_finite(const float* x, int64_t n, const char* what) {
   for (int64_t i = 0; i < n; ++i) LOCKS_REQUIRE(std::isfinite(x[i]), what, " has NaN or Inf");
 }
 
+void check_finite(const void* x, DType t, int64_t offset, int64_t n, const char* what) {
+  LOCKS_REQUIRE(t == DType::f32 || t == DType::f16 || t == DType::bf16, what, ": unknown dtype");
+  for (int64_t i = 0; i < n; ++i)
+    LOCKS_REQUIRE(std::isfinite(load_as_float(x, t, offset + i)), what, " has NaN or Inf");
+}
+
+std::vector<float> to_float(const void* x, DType t, int64_t offset, int n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = load_as_float(x, t, offset + i);
+  return v;
+}
+
 }  // namespace locks::ref::detail

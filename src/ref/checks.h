@@ -2,6 +2,9 @@
 // that the reference does not inherit their bugs.
 #pragma once
 
+#include <vector>
+
+#include "locks/dtype.h"
 #include "locks/kv_cache.h"
 #include "locks/summary.h"
 
@@ -22,6 +25,10 @@ void check_summary_view(const SummaryView& s);
 // Every seq_len in [1, max_blocks_per_seq * page_size], every used block id in [0, num_blocks).
 void check_batch(int page_size, int64_t num_blocks, const BatchView& batch);
 void check_finite(const float* x, int64_t n, const char* what);
+// The same over n elements of a buffer of dtype t (a query in the model's dtype).
+void check_finite(const void* x, DType t, int64_t offset, int64_t n, const char* what);
+// n elements of x (dtype t) from offset, as float (the query rows the reference reads).
+std::vector<float> to_float(const void* x, DType t, int64_t offset, int n);
 
 inline int64_t num_pages(int32_t seq_len, int page_size) {
   return (int64_t(seq_len) + page_size - 1) / page_size;

@@ -92,11 +92,17 @@ void score_pages(const SummaryView& summaries, const BatchView& batch, const Que
   LOCKS_REQUIRE(q.q != nullptr && head_scores != nullptr, "q and head_scores must not be null");
   LOCKS_REQUIRE(q.num_q_heads >= 1 && q.num_q_heads % l.num_kv_heads == 0,
                 "num_q_heads must be a positive multiple of num_kv_heads");
+  LOCKS_REQUIRE(q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16,
+                "q: unknown dtype");
+  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(q.num_q_heads) * l.head_dim,
+                "q.stride below num_q_heads * head_dim");
   const int Hq = q.num_q_heads, G = Hq / l.num_kv_heads, M = batch.max_blocks_per_seq;
   for (int b = 0; b < batch.batch_size; ++b) {
     const int64_t full = batch.seq_lens[b] / l.page_size;
     for (int h = 0; h < Hq; ++h) {
-      const float* qv = q.q + (int64_t(b) * Hq + h) * l.head_dim;
+      const std::vector<float> qrow =
+          detail::to_float(q.q, q.dtype, q.offset(b, h, l.head_dim), l.head_dim);
+      const float* qv = qrow.data();
       double* row = head_scores + (int64_t(b) * Hq + h) * M;
       for (int j = 0; j < M; ++j) {
         row[j] = j < full

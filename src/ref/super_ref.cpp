@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "checks.h"
 #include "locks/error.h"
 #include "locks/super_summary.h"
 
@@ -55,6 +56,10 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
   validate_super_layout(l);
   LOCKS_REQUIRE(group_head_scores != nullptr && table.table != nullptr && q.q != nullptr,
                 "null argument");
+  LOCKS_REQUIRE(q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16,
+                "q: unknown dtype");
+  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(q.num_q_heads) * l.head_dim,
+                "q.stride below num_q_heads * head_dim");
   const int S = l.group_pages, P = l.page_size, d = l.head_dim;
   const int Hq = q.num_q_heads, G = Hq / l.num_kv_heads, MG = table.max_groups_per_seq;
   for (int b = 0; b < batch.batch_size; ++b)
@@ -66,7 +71,8 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
           continue;
         }
         const int32_t slot = table.table[int64_t(b) * table.stride + j];
-        const float* qh = q.q + (int64_t(b) * Hq + h) * d;
+        const std::vector<float> qrow = detail::to_float(q.q, q.dtype, q.offset(b, h, d), d);
+        const float* qh = qrow.data();
         std::vector<double> e(S);
         double m = kNegInf;
         for (int p = 0; p < S; ++p) {

@@ -568,6 +568,93 @@ TEST_P(BackendOps, RunCallsRejectCallsOutsideThePlan) {
       InvalidArgument);
 }
 
+// The query in the model's dtype (the cache's fp16 / bf16; bf16 beside an fp32 cache), in a
+// strided buffer like a fused QKV projection's rows (the gaps NaN: a read of them shows), and
+// the output in that dtype: an engine's own buffers, no conversion copies. Every op reads the
+// query as float, so the scores, selection and attention equal the fp32 path's on the rounded
+// query bit for bit, and each output value is that result rounded once (round to nearest
+// even); an fp32 query at the same stride equals the contiguous one. Unknown dtype codes and
+// a stride below one row are refused.
+TEST_P(BackendOps, ModelDtypeQueryAndOutputEqualTheFp32PathRounded) {
+  auto s = build_all();
+  const int P = t_.spec.page_size, B = t_.bv().batch_size, Hq = t_.spec.num_q_heads;
+  const int H = t_.spec.num_kv_heads, M = t_.max_blocks(), d = t_.spec.head_dim;
+  const DType md = t_.spec.dtype == DType::f32 ? DType::bf16 : t_.spec.dtype;
+  const auto round16 = [md](float x) { return md == DType::bf16 ? float_to_bf16(x) : float_to_half(x); };
+  const auto widen16 = [md](uint16_t h) { return md == DType::bf16 ? bf16_to_float(h) : half_to_float(h); };
+  const int64_t row = int64_t(Hq) * d, stride = row + 2 * int64_t(H) * d;  // q, then k and v
+  std::vector<uint16_t> q16(size_t(B * stride), uint16_t(0xffff));  // NaN in fp16 and bf16
+  std::vector<float> qr(size_t(B * row)), qs32(size_t(B * stride),
+                                                std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < B; ++b)
+    for (int64_t i = 0; i < row; ++i) {
+      const uint16_t h = round16(t_.q[size_t(b * row + i)]);
+      q16[size_t(b * stride + i)] = h;
+      qr[size_t(b * row + i)] = qs32[size_t(b * stride + i)] = widen16(h);
+    }
+  Dev q16d(be_.get(), q16.data(), q16.size() * 2), qrd(be_.get(), qr.data(), qr.size() * 4),
+      qsd(be_.get(), qs32.data(), qs32.size() * 4);
+  const QueryView q16v{q16d.p, Hq, md, stride}, qrv{qrd.p, Hq}, qsv{qsd.p, Hq, DType::f32, stride};
+
+  const DecodePlan plan = be_->plan(params({7 * P, 2, 1}));
+  Dev ws(be_.get(), plan.workspace_bytes);
+  const Workspace w{ws.p, plan.workspace_bytes};
+  const size_t nhs = size_t(B) * Hq * M, nout = size_t(B) * Hq * d;
+  Dev hs(be_.get(), nhs * 4), hs16(be_.get(), nhs * 4), hss(be_.get(), nhs * 4);
+  be_->score_pages(plan, w, s->dev, batch_, qrv, hs.as<float>());
+  be_->score_pages(plan, w, s->dev, batch_, q16v, hs16.as<float>());
+  be_->score_pages(plan, w, s->dev, batch_, qsv, hss.as<float>());
+  be_->finish();
+  const std::vector<float> hsh = hs.read<float>(nhs);
+  EXPECT_EQ(hs16.read<float>(nhs), hsh) << "scores from the " << dtype_name(md) << " query";
+  EXPECT_EQ(hss.read<float>(nhs), hsh) << "scores from the strided fp32 query";
+
+  Dev gs(be_.get(), size_t(B) * H * M * 4);
+  Dev pages(be_.get(), size_t(B) * H * plan.capacity * 4), counts(be_.get(), size_t(B) * H * 4);
+  const Selection sel{pages.as<int32_t>(), counts.as<int32_t>(), plan.capacity};
+  be_->aggregate_select(plan, w, batch_, hs.as<float>(), gs.as<float>(), sel);
+  Dev o32(be_.get(), nout * 4), l32(be_.get(), size_t(B) * Hq * 4);
+  Dev o16(be_.get(), nout * 2), l16(be_.get(), size_t(B) * Hq * 4);
+  const auto rounded = [&](const Dev& o) {
+    std::vector<uint16_t> r;
+    for (float x : o.read<float>(nout)) r.push_back(round16(x));
+    return r;
+  };
+  for (const bool dense : {false, true}) {
+    SCOPED_TRACE(dense ? "dense attention" : "sparse attention");
+    const AttentionOutput a32{o32.p, l32.as<float>()}, a16{o16.p, l16.as<float>(), md};
+    if (dense) {
+      be_->attention_dense(plan, w, cache_, batch_, qrv, a32);
+      be_->attention_dense(plan, w, cache_, batch_, q16v, a16);
+    } else {
+      be_->attention_sparse(plan, w, cache_, batch_, qrv, sel, a32);
+      be_->attention_sparse(plan, w, cache_, batch_, q16v, sel, a16);
+    }
+    be_->finish();
+    EXPECT_EQ(o16.read<uint16_t>(nout), rounded(o32));
+    EXPECT_EQ(l16.read<float>(size_t(B) * Hq), l32.read<float>(size_t(B) * Hq));
+  }
+  // The whole step.
+  Dev p2(be_.get(), size_t(B) * H * plan.capacity * 4), c2(be_.get(), size_t(B) * H * 4);
+  const Selection sel2{p2.as<int32_t>(), c2.as<int32_t>(), plan.capacity};
+  be_->decode(plan, w, cache_, s->dev, batch_, qrv, {o32.p, l32.as<float>()}, &sel2);
+  be_->decode(plan, w, cache_, s->dev, batch_, q16v, {o16.p, l16.as<float>(), md}, &sel2);
+  be_->finish();
+  EXPECT_EQ(o16.read<uint16_t>(nout), rounded(o32)) << "decode()";
+  EXPECT_EQ(c2.read<int32_t>(size_t(B) * H), counts.read<int32_t>(size_t(B) * H));
+
+  // Refusals at the boundary.
+  const QueryView bad_dtype{q16d.p, Hq, static_cast<DType>(7), stride};
+  const QueryView short_stride{q16d.p, Hq, md, row - 1};
+  EXPECT_THROW(be_->score_pages(plan, w, s->dev, batch_, bad_dtype, hs.as<float>()),
+               InvalidArgument);
+  EXPECT_THROW(be_->score_pages(plan, w, s->dev, batch_, short_stride, hs.as<float>()),
+               InvalidArgument);
+  EXPECT_THROW(be_->attention_sparse(plan, w, cache_, batch_, qrv, sel,
+                                     {o16.p, l16.as<float>(), static_cast<DType>(9)}),
+               InvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, BackendOps, ::testing::ValuesIn(cases()),
                          [](const testing::TestParamInfo<OpCase>& i) { return name_of(i.param); });
 

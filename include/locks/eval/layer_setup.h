@@ -33,7 +33,7 @@ struct LayerContext {
     return static_cast<const float*>(cache.k) + (token * kv_heads + h) * int64_t(head_dim);
   }
   const float* query(int step, int qh) const {
-    return q.q + (int64_t(step) * q_heads + qh) * head_dim;
+    return static_cast<const float*>(q.q) + (int64_t(step) * q_heads + qh) * head_dim;  // fp32
   }
   int tokens_in_page(int j) const {
     return static_cast<int>(std::min<int64_t>(page_size, tokens - int64_t(j) * page_size));

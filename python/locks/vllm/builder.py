@@ -31,14 +31,14 @@ class LocksMetadata:
 
 class DecodeBuffers:
     """Persistent buffers shared by every layer of the group (layers run one after another):
-    fp32 query/output staging (the kernels take fp32 q and write fp32 out), lse, selection,
-    and the workspace of the layers' DecodeWrappers."""
+    lse, selection and the workspace of the layers' DecodeWrappers. The kernels read vLLM's
+    query (model dtype, a strided view of the QKV output) and write its output buffer
+    directly: no staging copies."""
 
     def __init__(self, *, max_batch, num_q_heads, num_kv_heads, head_dim, max_blocks, max_tokens,
                  capacity, workspace_bytes, device):
         f32, i32 = torch.float32, torch.int32
-        self.q = torch.zeros(max_batch, num_q_heads, head_dim, dtype=f32, device=device)
-        self.out = torch.zeros(max_batch, num_q_heads, head_dim, dtype=f32, device=device)
+        self.max_batch = max_batch
         self.lse = torch.zeros(max_batch, num_q_heads, dtype=f32, device=device)
         self.pages = torch.zeros(max_batch, num_kv_heads, max(capacity, 1), dtype=i32, device=device)
         self.counts = torch.zeros(max_batch, num_kv_heads, dtype=i32, device=device)

@@ -145,14 +145,14 @@ class LocksAttentionImpl(FlashAttentionImpl):
         """Plan this layer's DecodeWrapper over the shared workspace (host side, once per
         shape; the builder calls it before the first step, forward re-plans only if the cache
         it is handed has another number of blocks)."""
-        key = (num_blocks, b.q.shape[0], b.block_table.shape[1], b.workspace.data_ptr(), kv_dtype)
+        key = (num_blocks, b.max_batch, b.block_table.shape[1], b.workspace.data_ptr(), kv_dtype)
         if key == self._plan_key:
             return
         s = self.settings
         w = ops().DecodeWrapper(b.workspace)
         w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
                page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
-               num_blocks=num_blocks, max_batch=b.q.shape[0], max_blocks_per_seq=b.block_table.shape[1],
+               num_blocks=num_blocks, max_batch=b.max_batch, max_blocks_per_seq=b.block_table.shape[1],
                budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
                dense_below=s.effective_min_context, scale=self.scale, device=device)
         self.wrapper, self._plan_key = w, key
@@ -179,16 +179,17 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
         ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
                              slot_mapping=md.slot_mapping[:n])
-        if not md.pure_decode or n > md.bufs.q.shape[0]:
+        if not md.pure_decode or n > md.bufs.max_batch:
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
         b = md.bufs
         self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
-        q32 = b.q[:n]
-        q32.copy_(query.reshape(n, self.num_heads, self.head_size))  # bf16 -> fp32 (kernels take fp32 q)
-        self.wrapper.run(q32, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
-                         out=b.out[:n], lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
+        # vLLM's query (a strided view of the QKV projection, model dtype) and output buffer go
+        # to the kernels as they are: they read and write the model dtype (no copies).
+        q = query[:n].reshape(n, self.num_heads, self.head_size)  # a view where the layout allows
+        out = output.view(-1, self.num_heads, self.head_size)[:n]
+        self.wrapper.run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
+                         out=out, lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
                          dense=md.dense)
-        output.view(-1, self.num_heads, self.head_size)[:n].copy_(b.out[:n])  # fp32 -> model dtype
         return output
 
     def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output):

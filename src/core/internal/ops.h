@@ -19,7 +19,7 @@ namespace locks::cpu::impl {
 size_t score_scratch_bytes(int group, int rank, int head_dim, int page_size);
 size_t aggregate_scratch_bytes(int group, int max_blocks);
 size_t select_scratch_bytes(int max_blocks);
-size_t attention_scratch_bytes(int page_size, int head_dim);
+size_t attention_scratch_bytes(int page_size, int head_dim, int group);
 // Shared (not per-thread) bytes of attention for a batch shape: chunk bookkeeping and the
 // chunk states of every (sequence, query head), bounded by max_blocks pages a list.
 size_t attention_shared_bytes(int batch, int num_kv_heads, int num_q_heads, int max_blocks,

@@ -53,6 +53,21 @@ inline const float* load_row(const void* base, DType t, int64_t offset, int n, f
   return buf;
 }
 
+// Stores n floats of src at base[offset..offset+n) of dtype t (fp16 / bf16: round to nearest
+// even, the conversions of locks/dtype.h).
+inline void store_row(const float* src, int n, void* base, DType t, int64_t offset) {
+  if (t == DType::f32) {
+    float* dst = static_cast<float*>(base) + offset;
+    for (int i = 0; i < n; ++i) dst[i] = src[i];
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(base) + offset;
+    if (t == DType::bf16)
+      for (int i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+    else
+      for (int i = 0; i < n; ++i) dst[i] = float_to_half(src[i]);
+  }
+}
+
 // Dot product with 16 independent partial sums combined in a fixed order: the lane loop
 // vectorizes (no reassociation of one serial sum is needed), and the result depends only
 // on the inputs, never on threading.
