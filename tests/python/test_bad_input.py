@@ -99,7 +99,10 @@ CASES = [
     # dtypes, shapes, layouts
     ("block_table_int64", lambda a: att(a, bt=a["bt"].long()), ValueError, "block_table"),
     ("seq_lens_int64", lambda a: att(a, sl=a["sl"].long()), ValueError, "seq_lens"),
-    ("q_float16", lambda a: att(a, q=a["q"].half()), ValueError, "q"),
+    # (float16 / bfloat16 queries and outputs are served: test_ops.py's model-dtype tests)
+    ("q_float64", lambda a: att(a, q=a["q"].double()), ValueError, "q: dtype"),
+    ("q_rows_overlap", lambda a: att(a, q=a["q"].as_strided(a["q"].shape, (a["q"].shape[2], a["q"].shape[2], 1))), ValueError, "q: each sequence"),
+    ("out_int32", lambda a: att(a, out=a["out"].int()), ValueError, "out: dtype"),
     ("q_noncontiguous", lambda a: att(a, q=a["q"].transpose(0, 1).contiguous().transpose(0, 1)), ValueError, "q.*contiguous"),
     ("q_wrong_head_dim", lambda a: att(a, q=a["q"][:, :, :32].contiguous()), ValueError, "q"),
     ("v_shape_differs", lambda a: att(a, v=a["v"][:, :8].contiguous()), ValueError, "v_cache"),

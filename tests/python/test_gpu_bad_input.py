@@ -80,7 +80,9 @@ CASES = [
     ("out_on_meta", "att(out=torch.empty(B, HQ, D, device='meta'))", "ValueError", "meta|mixed"),
     ("cpu_plan_on_cuda", "sel(plan=locks.DecodeWrapper.allocate(num_q_heads=HQ, num_kv_heads=H, head_dim=D, num_blocks=NB, max_batch=B, max_blocks_per_seq=MB, budget_tokens=48).plan_vector)", "ValueError", "cpu backend"),
     ("block_table_int64", "att(bt=bt.long())", "ValueError", "block_table"),
-    ("q_bfloat16", "att(q=q.bfloat16())", "ValueError", "q"),
+    ("q_float64", "att(q=q.double())", "ValueError", "q: dtype"),
+    # (bf16 queries are served; the attention kernel reads them two elements at a time)
+    ("q_odd_row_stride", "att(q=torch.empty(B * (HQ * D + 1), dtype=torch.bfloat16, device='cuda').as_strided(q.shape, (HQ * D + 1, D, 1)))", "ValueError", "even stride"),
     ("v_float32", "att(v=v.float())", "ValueError", "v_cache"),
     ("summaries_float16", "sel(s=[t.half() if t.is_floating_point() else t for t in s])", "ValueError", "summaries"),
     ("float32_cache_plan", "locks.DecodeWrapper.allocate(num_q_heads=HQ, num_kv_heads=H, head_dim=D, num_blocks=NB, max_batch=B, max_blocks_per_seq=MB, kv_dtype=torch.float32, device='cuda')", "NotImplementedError", "float32"),

@@ -234,6 +234,44 @@ def test_cuda_strided_cache_gives_the_dense_results_bit_for_bit(d, H, Hq, dtype,
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES + [(256, 1, 4, torch.bfloat16)])
+def test_cuda_model_dtype_query_view_and_output_are_the_fp32_path_rounded(d, H, Hq, dtype):
+    """vLLM's query (the model dtype, a strided view of the fused QKV output) and its output
+    buffer, read and written by the kernels directly: the selection equals the fp32 path's on
+    the rounded query and each output value is the fp32 result rounded once (graph replay
+    included)."""
+    k, v, bt, sl, q = [t.to(DEV) for t in paged(H=H, Hq=Hq, d=d, dtype=dtype)]
+    nb, mb, B = k.shape[0], bt.shape[1], q.shape[0]
+    full = full_blocks(bt.cpu(), sl.cpu()).to(DEV)
+    s = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+    ops.summary_build(k, full, s)
+    qkv = torch.full((B, (Hq + 2 * H) * d), float("nan"), dtype=dtype, device=DEV)
+    qkv[:, : Hq * d] = q.reshape(B, -1).to(dtype)
+    qm = qkv[:, : Hq * d].view(B, Hq, d)
+    q32 = qm.float().contiguous()
+    w = wrapper(DEV, B, Hq, H, d, nb, mb, 512, "int4", dtype)
+    p32, c32 = w.select(q32, s, bt, sl)
+    p16, c16 = w.select(qm, s, bt, sl)
+    assert torch.equal(p32, p16) and torch.equal(c32, c16)
+    for dense in (False, True):
+        o32, l32 = w.run(q32, k, v, s, bt, sl, dense=dense)
+        out = torch.empty(B, Hq, d, dtype=dtype, device=DEV)
+        w.run(qm, k, v, s, bt, sl, out=out, dense=dense)
+        torch.cuda.synchronize()
+        assert not torch.isnan(o32).any()
+        assert torch.equal(out, o32.to(dtype)), f"dense={dense}"
+    g = torch.cuda.CUDAGraph()
+    out = torch.empty(B, Hq, d, dtype=dtype, device=DEV)
+    lse = torch.empty(B, Hq, device=DEV)
+    with torch.cuda.graph(g):
+        w.run(qm, k, v, s, bt, sl, out=out, lse=lse)
+    qkv[:, : Hq * d] = (q.reshape(B, -1) * 0.5).to(dtype)
+    g.replay()
+    o32, _ = w.run(qm.float().contiguous(), k, v, s, bt, sl)
+    torch.cuda.synchronize()
+    assert torch.equal(out, o32.to(dtype))
+
+
 def _opcheck_cases():
     k, v, bt, sl, q = [t.to(DEV) for t in paged(B=2, lens=(70, 33), d=128)]
     H, d = 2, 128

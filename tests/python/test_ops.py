@@ -186,6 +186,33 @@ def test_strided_cache_gives_the_dense_results_bit_for_bit(dtype, layout):
     assert all(torch.equal(a, b) for a, b in zip(u1, u2)) and u2[0][5].abs().sum() > 0
 
 
+@pytest.mark.parametrize("mdtype", [torch.bfloat16, torch.float16])
+def test_model_dtype_query_view_and_output_are_the_fp32_path_rounded(mdtype):
+    """An engine's query (the model dtype, a strided view of a fused QKV output) and its
+    output buffer go to the ops as they are: the selection equals the fp32 path's on the
+    rounded query, and each output value is the fp32 result rounded once."""
+    nb, mb, Hq = 24, 10, 3 * H
+    k, v = make_cache(nb, torch.bfloat16)
+    bt, lens = batch(nb, [150, 37], mb)
+    qkv = torch.randn(2, (Hq + 2 * H) * D, generator=torch.Generator().manual_seed(3)).to(mdtype)
+    q = qkv[:, : Hq * D].view(2, Hq, D)
+    assert not q.is_contiguous() and q.stride(0) == (Hq + 2 * H) * D
+    q32 = q.float().contiguous()
+    s = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    w = locks.DecodeWrapper.allocate(num_q_heads=Hq, num_kv_heads=H, head_dim=D, num_blocks=nb,
+                                     max_batch=2, max_blocks_per_seq=mb, precision="int4",
+                                     budget_tokens=48)
+    p32, c32 = w.select(q32, s, bt, lens)
+    p16, c16 = w.select(q, s, bt, lens)
+    assert torch.equal(p32, p16) and torch.equal(c32, c16)
+    for dense in (False, True):
+        o32, l32 = w.run(q32, k, v, s, bt, lens, dense=dense)
+        out = torch.empty(2, Hq, D, dtype=mdtype)
+        o16, l16 = w.run(q, k, v, s, bt, lens, out=out, dense=dense)
+        assert o16 is out and torch.equal(o16, o32.to(mdtype)) and torch.equal(l16, l32)
+
+
 def test_select_full_rank_equals_exact_mass_selection():
     nb, mb = 40, 20
     k, v = make_cache(nb)

@@ -47,8 +47,9 @@ def test_real_ops_sparse_decode_matches_reference_over_selected_pages(monkeypatc
     assert pages[0][0][-1] == 6 and len(pages[0][0]) == 4      # tail page (101 = 6*16 + 5) + 3
     assert pages[1] == [[0, 1, 2], [0, 1, 2]]                  # 38 tokens <= budget: all pages
     want, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt, cm.seq_lens, pages)
-    assert (out.double() - want).abs().max() < 2 ** -7          # bf16 output rounding
-    assert (b.out[:2].double() - want).abs().max() < 1e-5       # fp32 kernel output
+    # The kernels write vLLM's bf16 output directly: the fp32 result (~1e-5 from float64)
+    # rounded once, within half a bf16 ulp (at most 2^-8 relative)
+    assert ((out.double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()
     dense = dense_of(s, q, bt, cm.seq_lens)
     assert (want[0] - dense[0]).abs().max() > 1e-2              # really sparse
 
@@ -99,7 +100,7 @@ def test_real_ops_min_context_above_budget_per_sequence(monkeypatch, precision):
     pages = [[[int(x) for x in b.pages[i, h, : int(b.counts[i, h])]] for h in range(H)] for i in range(2)]
     assert pages[1] == [list(range(7))] * H
     want, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt, cm.seq_lens, pages)
-    assert (b.out[:2].double() - want).abs().max() < 1e-5
+    assert ((out[:2].double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()
     dense = dense_of(s, q, bt, cm.seq_lens)
     assert (out[1].double() - dense[1]).abs().max() < 2 ** -7
     assert (want[0] - dense[0]).abs().max() > 1e-2
