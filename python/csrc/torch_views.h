@@ -245,11 +245,11 @@ inline locks::QueryView query_view(const at::Tensor& q, int batch, int head_dim)
   const int64_t row = int64_t(hq) * head_dim;
   // A one-sequence batch has no stride to speak of (torch may report any value).
   const int64_t stride = batch <= 1 ? row : q.stride(0);
-  TORCH_CHECK_VALUE((q.stride(2) == 1 || head_dim == 1) && (q.stride(1) == head_dim || hq == 1) &&
-                        stride >= row,
-                    "q: each sequence's [num_q_heads, head_dim] must be contiguous and rows at "
-                    "least num_q_heads * head_dim apart, got strides ",
-                    q.strides());
+  TORCH_CHECK_VALUE(
+      (q.stride(2) == 1 || head_dim == 1) && (q.stride(1) == head_dim || hq == 1) && stride >= row,
+      "q: each sequence's [num_q_heads, head_dim] must be contiguous and rows at "
+      "least num_q_heads * head_dim apart, got strides ",
+      q.strides());
   return {q.data_ptr(), hq, t, stride};
 }
 

@@ -153,8 +153,7 @@ void attend_chunk(const KvCacheView& cache, const BatchView& batch, const QueryV
       if (i + kAhead < std::min(i1, i0 + kChunkPages))
         prefetch_page(cache, table[list ? list[i + kAhead] : i + kAhead], g);
       // (converted once a page and head: G d elements against the page's 2 P G d products)
-      const float* qg =
-          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qg);
+      const float* qg = detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qg);
       attend_page(cache, table[j], std::min(P, len - j * P), g, qg, G, scale,
                   part + (first[bg] + c) * G * stride, w);
     }
@@ -320,17 +319,17 @@ void impl::decode_attention(const KvCacheView& cache, const BatchView& batch, co
 
 void decode_attention_dense(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                             float scale, const AttentionOutput& out) {
-  const detail::OwnedScratch sc(detail::checked_bytes(
-      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim,
-      attention_group(cache, q)));
+  const detail::OwnedScratch sc(detail::checked_bytes(impl::attention_scratch_bytes,
+                                                      cache.layout.page_size, cache.layout.head_dim,
+                                                      attention_group(cache, q)));
   impl::decode_attention(cache, batch, q, scale, nullptr, out, sc.view(), nullptr, 0);
 }
 
 void decode_attention_sparse(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                              float scale, const Selection& sel, const AttentionOutput& out) {
-  const detail::OwnedScratch sc(detail::checked_bytes(
-      impl::attention_scratch_bytes, cache.layout.page_size, cache.layout.head_dim,
-      attention_group(cache, q)));
+  const detail::OwnedScratch sc(detail::checked_bytes(impl::attention_scratch_bytes,
+                                                      cache.layout.page_size, cache.layout.head_dim,
+                                                      attention_group(cache, q)));
   impl::decode_attention(cache, batch, q, scale, &sel, out, sc.view(), nullptr, 0);
 }
 

@@ -44,7 +44,8 @@ void attention_mass_recall(const KvCacheView& cache, const BatchView& batch, con
         const int64_t off = cache.offset(table[t / P], t % P, g);
         double x = 0.0;
         for (int e = 0; e < d; ++e)
-          x += double(load_as_float(q.q, q.dtype, qoff + e)) * load_as_float(cache.k, L.dtype, off + e);
+          x += double(load_as_float(q.q, q.dtype, qoff + e)) *
+               load_as_float(cache.k, L.dtype, off + e);
         x *= double(scale);
         logit[size_t(t)] = x;
         mx = std::max(mx, x);

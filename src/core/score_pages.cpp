@@ -202,8 +202,7 @@ void impl::score_pages(const SummaryView& summaries, const BatchView& batch, con
           batch.block_table[int64_t(b) * batch.block_table_stride + g * bt_head_stride + j];
       const int64_t bh = int64_t(block) * Hkv + g;
       // (fp16 / bf16 q: converted per page item, G d elements against its G r d products)
-      const float* qg =
-          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qc);
+      const float* qg = detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G, d), G * d, w.qc);
       const float* qwg = qg;
       if (summaries.qweight) {  // query-weighted summaries: the basis multiplies q / w
         const float* wg = summaries.qweight + int64_t(g) * d;

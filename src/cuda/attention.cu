@@ -485,9 +485,9 @@ int attention_blocks_per_sm(DType dtype, int head_dim, int group) {
   return std::max(n, 1);
 }
 
-void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, int Hq,
-                      float scale, const Selection* sel, int pps, int n_splits, float* part_o,
-                      float* part_ml, OutBuf out, float* lse, cudaStream_t st) {
+void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, int Hq, float scale,
+                      const Selection* sel, int pps, int n_splits, float* part_o, float* part_ml,
+                      OutBuf out, float* lse, cudaStream_t st) {
   const CacheLayout& L = cache.layout;
   AttnArgs a{cache.k,
              cache.v,

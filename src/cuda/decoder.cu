@@ -66,7 +66,8 @@ void attend(const DecodePlan& plan, const Workspace& ws, const KvCacheView& cach
             const BatchView& batch, const QueryView& q, const Selection* sel,
             const AttentionOutput& out, cudaStream_t st) {
   const int pps = sel ? plan.sparse_pages_per_split : plan.dense_pages_per_split;
-  detail::launch_attention(cache, batch, detail::q_in(q, plan.params.cache.head_dim), plan.params.num_q_heads, plan.params.scale, sel, pps,
+  detail::launch_attention(cache, batch, detail::q_in(q, plan.params.cache.head_dim),
+                           plan.params.num_q_heads, plan.params.scale, sel, pps,
                            std::max(plan.dense_splits, plan.sparse_splits),
                            region_ptr<float>(ws, plan.part_o), region_ptr<float>(ws, plan.part_ml),
                            {out.out, out.dtype}, out.lse, st);
@@ -191,7 +192,8 @@ void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& s, con
   check_summaries(plan, s, __func__);
   locks::detail::check_run_query(plan, q, __func__);
   LOCKS_REQUIRE(head_scores != nullptr, "head_scores is null");
-  detail::launch_score(s, batch, detail::q_in(q, plan.params.cache.head_dim), plan.params.num_q_heads, plan.params.scale, head_scores,
+  detail::launch_score(s, batch, detail::q_in(q, plan.params.cache.head_dim),
+                       plan.params.num_q_heads, plan.params.scale, head_scores,
                        region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks,
                        plan.score_chunk_pages, st);
 }
@@ -313,7 +315,8 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
   int32_t* lblk = region_ptr<int32_t>(ws, plan.list_blocks);
   int32_t* llen = region_ptr<int32_t>(ws, plan.list_lens);
   // 1. Level 1.
-  detail::launch_super_score(supers, table, batch, detail::q_in(q, plan.params.cache.head_dim), Hq, p.scale, p.two, gh, st);
+  detail::launch_super_score(supers, table, batch, detail::q_in(q, plan.params.cache.head_dim), Hq,
+                             p.scale, p.two, gh, st);
   if (stages < 2) return;
   // 2. Group choice: the page list and the listed pages' block ids.
   detail::launch_select_groups_list(gh, plan.max_groups, batch, Hq, Hkv, P, S, p.select, p.two, Lc,
@@ -329,8 +332,9 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
   p2.select_cluster = plan.l2_select_cluster;
   float* hs = region_ptr<float>(ws, plan.head_scores);
   float* gs = region_ptr<float>(ws, plan.group_scores);
-  detail::launch_score(summaries, lb, detail::q_in(q, plan.params.cache.head_dim), Hq, p.scale, hs, region_ptr<float>(ws, plan.chunk_lse),
-                       plan.score_chunks, p2.score_chunk_pages, st, Lc);
+  detail::launch_score(summaries, lb, detail::q_in(q, plan.params.cache.head_dim), Hq, p.scale, hs,
+                       region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks,
+                       p2.score_chunk_pages, st, Lc);
   if (stages < 4) return;
   // 4. Aggregation and selection over positions, then positions -> logical pages.
   aggregate_select(p2, ws, lb, hs, gs, sel, st);

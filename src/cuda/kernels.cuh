@@ -27,8 +27,8 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // score_chunk_pages). bt_head_stride: KV head h reads its block ids at
 // block_table[b * stride + h * bt_head_stride + j] (0: one row a sequence; the two-level
 // step's per-head page lists: list_cap).
-void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int num_q_heads,
-                  float scale, float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
+void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int num_q_heads, float scale,
+                  float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
                   cudaStream_t st, int64_t bt_head_stride = 0);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU; where

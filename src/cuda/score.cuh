@@ -12,13 +12,13 @@ namespace locks::cuda::detail {
 
 // Tensor-core kernel (int4 summaries, rank 8, d 64 / 128 / 256): chunk_pages 32, 64, 96 or 128.
 void prepare_score_mma();
-void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
-                      float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                      int chunk_pages, cudaStream_t st, int64_t bt_head_stride);
+void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
+                      float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
+                      cudaStream_t st, int64_t bt_head_stride);
 // CUDA-core kernel (fp32 summaries, other ranks): 128-page chunks (kScoreChunk).
 void prepare_score_generic();
-void launch_score_generic(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
-                          float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                          cudaStream_t st, int64_t bt_head_stride);
+void launch_score_generic(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
+                          float* head_scores, float* chunk_lse, int n_chunks, cudaStream_t st,
+                          int64_t bt_head_stride);
 
 }  // namespace locks::cuda::detail

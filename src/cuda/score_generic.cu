@@ -18,9 +18,8 @@ constexpr int kGenericSmemMax = 160 * 1024;
 
 __global__ void __launch_bounds__(kGenWarps * 32)
     score_generic(SumView S, bool quant, int H, int d, int r, int P, const int32_t* block_table,
-                  int64_t bt_stride, int64_t bt_head_stride, const int32_t* seq_lens, int M,
-                  QIn q, int Hq, float scale, float* head_scores,
-                  float* chunk_lse, int n_chunks) {
+                  int64_t bt_stride, int64_t bt_head_stride, const int32_t* seq_lens, int M, QIn q,
+                  int Hq, float scale, float* head_scores, float* chunk_lse, int n_chunks) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
   const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;  // heads fastest: see launch
@@ -114,9 +113,9 @@ void prepare_score_generic() {
                                         kGenericSmemMax));
 }
 
-void launch_score_generic(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
-                          float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                          cudaStream_t st, int64_t bt_head_stride) {
+void launch_score_generic(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
+                          float* head_scores, float* chunk_lse, int n_chunks, cudaStream_t st,
+                          int64_t bt_head_stride) {
   const SummaryLayout& L = s.layout;
   const int H = L.num_kv_heads, G = Hq / H;
   const int d = L.head_dim, r = L.rank, P = L.page_size;

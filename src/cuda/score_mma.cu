@@ -151,9 +151,8 @@ constexpr int score_min_blocks() {
 template <int D, int NT1, int CP, bool HL, int NG>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
-              int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M,
-              QIn q, int Hq, float scale, float* head_scores,
-              float* chunk_lse, int n_chunks, int n_sl, int gw) {
+              int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M, QIn q, int Hq,
+              float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
   constexpr int KS = D / 16;       // k-steps over the head dim
   constexpr int R = 8;             // rank
   constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
@@ -207,7 +206,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     const int g = warp + i * kMmaWarps;
 #pragma unroll
     for (int j = 0; j < kQCols; ++j)
-      qpre[i][j] = g < GMAX && g < gc ? load_q(q, int64_t(b) * q.stride + (hq0 + g) * D + lane + 32 * j) : 0.0f;
+      qpre[i][j] = g < GMAX && g < gc
+                       ? load_q(q, int64_t(b) * q.stride + (hq0 + g) * D + lane + 32 * j)
+                       : 0.0f;
   }
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   Stage<D, NG>* my = stages + 2 * warp;
@@ -565,8 +566,8 @@ HeadSlices mma_slices(int d, int group) {
 }
 
 template <int D, int NT1, int CP, bool HL, int NG>
-void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
-                float* hs, float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths) {
+void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale, float* hs,
+                float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths) {
   const int H = s.layout.num_kv_heads;
   // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
   // read the summaries of all heads of the same pages (adjacent in memory) rather than one
@@ -579,9 +580,9 @@ void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, flo
 }
 
 template <int D, int NT1, bool HL, int NG>
-void launch_mma_cp(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
-                   float scale, float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl,
-                   cudaStream_t st, int64_t bths) {
+void launch_mma_cp(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
+                   float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl, cudaStream_t st,
+                   int64_t bths) {
   if (cp == 128)
     launch_mma<D, NT1, 128, HL, NG>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
   else if (cp == 96)
@@ -655,9 +656,9 @@ void prepare_score_mma() {
   prepare_d<256>();
 }
 
-void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq,
-                      float scale, float* head_scores, float* chunk_lse, int n_chunks,
-                      int chunk_pages, cudaStream_t st, int64_t bths) {
+void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
+                      float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
+                      cudaStream_t st, int64_t bths) {
   const int d = s.layout.head_dim;
   const bool grouped = s.layout.basis_group != d;  // then 32 (score_uses_tensor_cores)
   LOCKS_REQUIRE(!grouped || (s.layout.basis_group == 32 && d >= 128),

@@ -92,9 +92,8 @@ __device__ __forceinline__ float max_scatter(float (&v)[V], int lane) {
 template <int RM, int NP, int PL, int MODE>
 __global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, int d, int R, int S, int P, const int32_t* table,
-                       int64_t t_stride, int MG, const int32_t* seq_lens, int M,
-                       QIn q, int Hq, float scale, bool lse, float gamma,
-                       float* out, int gpw) {
+                       int64_t t_stride, int MG, const int32_t* seq_lens, int M, QIn q, int Hq,
+                       float scale, bool lse, float gamma, float* out, int gpw) {
   constexpr int HC = 32 / RM;
   extern __shared__ float4 sm4[];
   const int h = blockIdx.y, b = blockIdx.z, G = Hq / H;
@@ -482,9 +481,8 @@ __global__ void map_positions_kernel(const int32_t* page_map, int L, int32_t* pa
 }
 
 template <int RM, int NP, int PL>
-void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                    QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
-                    cudaStream_t st) {
+void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView& batch, QIn q,
+                    int Hq, float scale, const TwoLevelConfig& cfg, float* out, cudaStream_t st) {
   const SuperLayout& l = s.layout;
   constexpr int HC = 32 / RM;
   const int H = l.num_kv_heads, G = Hq / H, MG = t.max_groups_per_seq;
@@ -520,8 +518,8 @@ bool super_score_supported(const SuperLayout& l, int group) {
          ((l.rank <= 8 && l.head_dim <= 256) || (l.rank <= 16 && l.head_dim <= 128));
 }
 
-void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                        QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
+void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch, QIn q,
+                        int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                         cudaStream_t st) {
   const SuperLayout& l = s.layout;
   LOCKS_REQUIRE(super_score_supported(l, Hq / l.num_kv_heads), "CUDA super_score: rank ", l.rank,
@@ -591,11 +589,11 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
   LOCKS_REQUIRE(!cfg.use_extent || l.extent, "use_extent needs a super layout with extent");
   LOCKS_REQUIRE(batch.batch_size >= 1 && batch.max_blocks_per_seq >= 1 && batch.seq_lens,
                 "super_score: empty batch or null seq_lens");
-  LOCKS_REQUIRE(
-      q.q != nullptr && q.num_q_heads >= l.num_kv_heads && q.num_q_heads % l.num_kv_heads == 0 &&
-          (q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16),
-      "super_score: q is null, of an unknown dtype, or num_q_heads ", q.num_q_heads,
-      " is not a multiple of num_kv_heads ", l.num_kv_heads);
+  LOCKS_REQUIRE(q.q != nullptr && q.num_q_heads >= l.num_kv_heads &&
+                    q.num_q_heads % l.num_kv_heads == 0 &&
+                    (q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16),
+                "super_score: q is null, of an unknown dtype, or num_q_heads ", q.num_q_heads,
+                " is not a multiple of num_kv_heads ", l.num_kv_heads);
   LOCKS_REQUIRE(std::isfinite(scale) && scale > 0.0f, "scale must be positive and finite");
   LOCKS_REQUIRE(group_head_scores != nullptr, "group_head_scores is null");
   LOCKS_REQUIRE(supers.mu_q && supers.mu_scale && supers.basis_q && supers.basis_scale &&
@@ -612,8 +610,8 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
       " groups, need ceil(max_blocks_per_seq / S) = ", (batch.max_blocks_per_seq + S - 1) / S);
   LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(q.num_q_heads) * l.head_dim,
                 "super_score: q.stride ", q.stride, " is below num_q_heads * head_dim");
-  detail::launch_super_score(supers, table, batch, detail::q_in(q, l.head_dim), q.num_q_heads, scale, cfg,
-                             group_head_scores, stream);
+  detail::launch_super_score(supers, table, batch, detail::q_in(q, l.head_dim), q.num_q_heads,
+                             scale, cfg, group_head_scores, stream);
 }
 
 void select_groups_list(const float* group_head_scores, const SuperTableView& table,

@@ -16,8 +16,8 @@ namespace locks::cuda::detail {
 // Shapes the level-1 kernel has instances for: S <= 64, rank <= 8 at d <= 256 or rank <= 16
 // at d <= 128, GQA group <= kMaxGroup.
 bool super_score_supported(const SuperLayout& l, int group);
-void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch,
-                        QIn q, int Hq, float scale, const TwoLevelConfig& cfg, float* out,
+void launch_super_score(const SuperView& s, const SuperTableView& t, const BatchView& batch, QIn q,
+                        int Hq, float scale, const TwoLevelConfig& cfg, float* out,
                         cudaStream_t st);
 // Raises the group choice's dynamic shared-memory limit once (outside any capture).
 void prepare_super_kernels();

@@ -20,7 +20,8 @@ void decode_attention(const KvCacheView& cache, const BatchView& batch, const Qu
   LOCKS_REQUIRE(q.num_q_heads >= 1 && q.num_q_heads % l.num_kv_heads == 0,
                 "num_q_heads must be a positive multiple of num_kv_heads");
   const int Hq = q.num_q_heads, G = Hq / l.num_kv_heads, d = l.head_dim, P = l.page_size;
-  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(Hq) * d, "q.stride below num_q_heads * head_dim");
+  LOCKS_REQUIRE(q.stride == 0 || q.stride >= int64_t(Hq) * d,
+                "q.stride below num_q_heads * head_dim");
   for (int b = 0; b < batch.batch_size; ++b)
     detail::check_finite(q.q, q.dtype, q.offset(b, 0, d), int64_t(Hq) * d, "q");
   if (sel) LOCKS_REQUIRE(sel->pages && sel->counts && sel->capacity >= 1, "bad selection");

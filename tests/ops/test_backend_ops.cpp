@@ -580,12 +580,16 @@ TEST_P(BackendOps, ModelDtypeQueryAndOutputEqualTheFp32PathRounded) {
   const int P = t_.spec.page_size, B = t_.bv().batch_size, Hq = t_.spec.num_q_heads;
   const int H = t_.spec.num_kv_heads, M = t_.max_blocks(), d = t_.spec.head_dim;
   const DType md = t_.spec.dtype == DType::f32 ? DType::bf16 : t_.spec.dtype;
-  const auto round16 = [md](float x) { return md == DType::bf16 ? float_to_bf16(x) : float_to_half(x); };
-  const auto widen16 = [md](uint16_t h) { return md == DType::bf16 ? bf16_to_float(h) : half_to_float(h); };
+  const auto round16 = [md](float x) {
+    return md == DType::bf16 ? float_to_bf16(x) : float_to_half(x);
+  };
+  const auto widen16 = [md](uint16_t h) {
+    return md == DType::bf16 ? bf16_to_float(h) : half_to_float(h);
+  };
   const int64_t row = int64_t(Hq) * d, stride = row + 2 * int64_t(H) * d;  // q, then k and v
-  std::vector<uint16_t> q16(size_t(B * stride), uint16_t(0xffff));  // NaN in fp16 and bf16
-  std::vector<float> qr(size_t(B * row)), qs32(size_t(B * stride),
-                                                std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint16_t> q16(size_t(B * stride), uint16_t(0xffff));         // NaN in fp16 and bf16
+  std::vector<float> qr(size_t(B * row)),
+      qs32(size_t(B * stride), std::numeric_limits<float>::quiet_NaN());
   for (int b = 0; b < B; ++b)
     for (int64_t i = 0; i < row; ++i) {
       const uint16_t h = round16(t_.q[size_t(b * row + i)]);
