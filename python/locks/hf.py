@@ -401,13 +401,19 @@ class LocksLayer(CacheLayerMixin):
 
     def decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """query [B, Hq, 1, d] -> attention output [B, 1, Hq, d] in query's dtype."""
-        q = query[:, :, 0].float().contiguous()
+        # The ops read the model's dtype and a strided query (each row's [Hq, d] contiguous)
+        # and write the output in it: no conversion copies.
+        q = query[:, :, 0]
+        if q.stride(-1) != 1 or q.stride(-2) != q.shape[-1]:
+            q = q.contiguous()
         if self.cfg.check_finite:
             check_all_finite(query=q)
         w = self._planned(q.shape[1], scaling)
+        out = torch.empty(q.shape, dtype=query.dtype, device=q.device)
         sel = self.cfg.selector
         if self.cfg.budget is None or sel == "fullkv":
-            out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens, dense=True)
+            out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens,
+                           out=out, dense=True)
         else:
             if sel == "locks":
                 pages, counts = w.select(q, self.summary_list(), self.block_table, self.seq_lens)
@@ -419,8 +425,8 @@ class LocksLayer(CacheLayerMixin):
                     **self._selector_options(sel, float(scaling)))
             self.last_counts = counts
             out, _ = w.attend(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
-                              pages=pages, counts=counts)
-        return out.to(query.dtype).unsqueeze(1)
+                              pages=pages, counts=counts, out=out)
+        return out.unsqueeze(1)
 
 
 class LocksCache(Cache):
