@@ -156,12 +156,27 @@ def test_budget_at_least_context_is_dense(setup):
     assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7
 
 
+def test_each_batch_size_runs_the_plan_of_its_bucket(setup):
+    """One plan per batch bucket (1, 2, 4 = max_num_seqs here) over one workspace: a decode of
+    two sequences runs the wrapper planned for max_batch 2, and a larger batch the next one."""
+    assert bd.batch_buckets(1) == [1] and bd.batch_buckets(4) == [1, 2, 4]
+    assert bd.batch_buckets(6) == [1, 2, 4, 6] and bd.batch_buckets(256)[-2:] == [128, 256]
+    s = setup({"precision": "fp32", "budget": 64})
+    bt, gen = tables(), torch.Generator().manual_seed(5)
+    step(s, bt, [100, 37], [100, 37], gen)
+    step(s, bt, [1, 1], [101, 38], gen)
+    planned = [(mb, w.max_batch) for mb, w in s.impl.wrappers]
+    assert planned == [(1, 1), (2, 2), (4, 4)]
+    assert [len(w.runs) for _, w in s.impl.wrappers] == [0, 1, 0]
+    assert s.impl.wrapper_for(1) is s.impl.wrappers[0][1] and s.impl.wrapper_for(3) is s.impl.wrapper
+
+
 def test_min_context_dense_switch_eager_only(setup):
     s = setup({"precision": "fp32", "budget": 64, "min_context": 4096})
     bt, gen = tables(), torch.Generator().manual_seed(2)
     step(s, bt, [100, 37], [100, 37], gen)
     _, md, _, _ = step(s, bt, [1, 1], [101, 38], gen)
-    assert md.dense and s.impl.wrapper.runs[-1] == (2, True)
+    assert md.dense and s.impl.wrapper_for(2).runs[-1] == (2, True)
 
 
 def test_min_context_above_budget_in_full_graphs_is_per_sequence(setup):
@@ -173,7 +188,7 @@ def test_min_context_above_budget_in_full_graphs_is_per_sequence(setup):
     bt, gen = tables(), torch.Generator().manual_seed(4)
     step(s, bt, [300, 100], [300, 100], gen)
     cm, md, q, out = step(s, bt, [1, 1], [301, 101], gen)
-    assert md.pure_decode and not md.dense and s.impl.wrapper.runs[-1] == (2, False)
+    assert md.pure_decode and not md.dense and s.impl.wrapper_for(2).runs[-1] == (2, False)
     # Capacity: every page of a 199-token sequence (13), more than the budget's 4.
     assert s.impl.wrapper.capacity == 13 == md.bufs.pages.shape[2]
     dense = dense_of(s, q, bt, cm.seq_lens)

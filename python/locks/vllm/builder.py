@@ -29,6 +29,19 @@ class LocksMetadata:
     bufs: "DecodeBuffers"
 
 
+def batch_buckets(max_batch: int) -> list[int]:
+    """The batch sizes each layer plans for: the powers of two below max_batch, and max_batch.
+    A step of n sequences runs the plan of the smallest bucket >= n (vLLM pads a graph's batch
+    to its capture size, so each captured graph keeps one plan). Plans made for the largest
+    batch choose the kernels of large grids (e.g. the two-stage selection instead of the
+    one-launch cluster kernel of batch 1); the results are the same bits either way."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
 class DecodeBuffers:
     """Persistent buffers shared by every layer of the group (layers run one after another):
     lse, selection and the workspace of the layers' DecodeWrappers. The kernels read vLLM's
@@ -80,14 +93,14 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                    if hasattr(o, "ops") else o.select_capacity(s.budget, BLOCK_SIZE, self.max_blocks,
                                                                s.effective_min_context))
             ws = 0
-            if hasattr(o, "workspace_bytes"):
-                ws = o.workspace_bytes(
+            if hasattr(o, "workspace_bytes"):  # one workspace that every bucket's plan fits
+                ws = max(o.workspace_bytes(
                     num_q_heads=self.num_heads_q, num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                     page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=self.kv_cache_dtype,
-                    num_blocks=self._num_blocks(), max_batch=self.max_batch,
+                    num_blocks=self._num_blocks(), max_batch=mb,
                     max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
                     recent_pages=s.recent_pages, dense_below=s.effective_min_context,
-                    device=self.device)
+                    device=self.device) for mb in batch_buckets(self.max_batch))
             self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                                       max_blocks=self.max_blocks, max_tokens=self.max_tokens,

@@ -9,7 +9,7 @@ from vllm.config import get_current_vllm_config
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl, FlashAttentionMetadata
 
-from .builder import DecodeBuffers, LocksMetadata
+from .builder import DecodeBuffers, LocksMetadata, batch_buckets
 from .engine_config import BLOCK_SIZE, _dtype_name, refuse_config, settings_from
 from .library import ops, skip_prefill
 from .side_cache import LocksSummaryCache, SummaryGeometry, side_layer_name
@@ -121,6 +121,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
         self.side = LocksSummaryCache(side_layer_name(prefix), self.geom,
                                       vc.compilation_config.static_forward_context)
         self.wrapper = None
+        self.wrappers: list = []
         self._plan_key = None
 
     # -- cache writes ------------------------------------------------------------------------
@@ -149,13 +150,22 @@ class LocksAttentionImpl(FlashAttentionImpl):
         if key == self._plan_key:
             return
         s = self.settings
-        w = ops().DecodeWrapper(b.workspace)
-        w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
-               page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
-               num_blocks=num_blocks, max_batch=b.max_batch, max_blocks_per_seq=b.block_table.shape[1],
-               budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-               dense_below=s.effective_min_context, scale=self.scale, device=device)
-        self.wrapper, self._plan_key = w, key
+        # One plan per batch bucket (builder.batch_buckets) over the one shared workspace: a
+        # step of n sequences runs the kernels chosen for the smallest bucket >= n.
+        self.wrappers = []
+        for mb in batch_buckets(b.max_batch):
+            w = ops().DecodeWrapper(b.workspace)
+            w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
+                   page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
+                   num_blocks=num_blocks, max_batch=mb, max_blocks_per_seq=b.block_table.shape[1],
+                   budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
+                   dense_below=s.effective_min_context, scale=self.scale, device=device)
+            self.wrappers.append((mb, w))
+        self.wrapper, self._plan_key = self.wrappers[-1][1], key
+
+    def wrapper_for(self, n: int):
+        """The wrapper planned for the smallest batch bucket that holds n sequences."""
+        return next(w for mb, w in self.wrappers if mb >= n)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -187,7 +197,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # to the kernels as they are: they read and write the model dtype (no copies).
         q = query[:n].reshape(n, self.num_heads, self.head_size)  # a view where the layout allows
         out = output.view(-1, self.num_heads, self.head_size)[:n]
-        self.wrapper.run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
+        self.wrapper_for(n).run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
                          out=out, lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
                          dense=md.dense)
         return output

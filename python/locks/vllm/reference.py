@@ -138,6 +138,7 @@ class ReferenceWrapper:
              budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu",
              dense_below=0):
         self.budget, self.sink, self.recent, self.scale = budget_tokens, sink_pages, recent_pages, scale
+        self.max_batch = max_batch
         self.rank, self.dense_below = rank, dense_below
         self.capacity = ReferenceOps.select_capacity(budget_tokens, page_size, max_blocks_per_seq,
                                                      dense_below)
