@@ -61,11 +61,12 @@ struct AttnArgs {
   int sel_cap;
   int pages_per_split;
   int n_splits;
-  int n_sl, gw;  // head slices per KV head and heads per slice (attn_slices)
-  QIn q;
-  float qscale;  // softmax scale * log2(e)
+  int n_sl, gw;    // head slices per KV head and heads per slice (attn_slices)
+  const float* q;  // a contiguous fp32 query (the QV false instance)
+  float qscale;    // softmax scale * log2(e)
   float* part_o;
   float* part_ml;
+  QIn q16;  // the query in any dtype and row stride (the QV true instance)
 };
 
 // G 16 at d 128 (two m-tiles: 64 query and 64 accumulator registers) would take ~204
@@ -73,7 +74,7 @@ struct AttnArgs {
 // cost of ~6 local loads/stores a page (L1 hits). 0: no cap.
 // d 256 (one m-tile): 64 query and 128 accumulator registers, one block per SM (shared
 // memory), so no cap.
-template <typename T, int D, int MT>
+template <typename T, int D, int MT, bool QV>
 __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
     attn_kernel(AttnArgs a) {
   using M = Mma<T>;
@@ -189,12 +190,14 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int g = mt * 8 + gid;
-    const int64_t qr = int64_t(b) * a.q.stride + int64_t(hq0 + g) * D;
-    // One branch on the query's dtype per row, outside the unrolled loads: a branch per
-    // element pair cost the G 16 instance a spilled register in the page loop.
+    // QV: one branch on the query's dtype per row, outside the unrolled loads (a branch per
+    // element pair cost the G 16 instance a spilled register in the page loop); else the
+    // contiguous fp32 query, the kernel's instructions as before the model-dtype query.
     auto frag = [&](auto tag) {
       using E = decltype(tag);
-      const E* row = static_cast<const E*>(a.q.p) + qr;
+      const E* row =
+          QV ? static_cast<const E*>(a.q16.p) + int64_t(b) * a.q16.stride + int64_t(hq0 + g) * D
+             : reinterpret_cast<const E*>(a.q) + (int64_t(b) * a.Hq + hq0 + g) * D;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
 #pragma unroll
@@ -212,9 +215,9 @@ __global__ void __launch_bounds__(kWarps * 32, D == 128 && MT == 2 ? 3 : 0)
         }
       }
     };
-    if (a.q.t == DType::f32)
+    if (!QV || a.q16.t == DType::f32)
       frag(float{});
-    else if (a.q.t == DType::bf16)
+    else if (a.q16.t == DType::bf16)
       frag(__nv_bfloat16{});
     else
       frag(__half{});
@@ -439,29 +442,37 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 }
 
 // MT = m-tiles of 8 heads (x hi / lo) per block: 1 for slices of <= 8 heads, else 2.
+// QV: the query in any dtype and row stride (a.q16), else contiguous fp32 (a.q).
+template <typename T, int D, bool QV>
+void launch_tq(const AttnArgs& a, dim3 grid, cudaStream_t st) {
+  if (D == 256 || a.gw <= 8)
+    launch_kernel(attn_kernel<T, D, 1, QV>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+  else if constexpr (D != 256)
+    launch_kernel(attn_kernel<T, D, 2, QV>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+}
 template <typename T, int D>
 void launch_t(const AttnArgs& a, dim3 grid, cudaStream_t st) {
-  if (D == 256 || a.gw <= 8)
-    launch_kernel(attn_kernel<T, D, 1>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
-  else if constexpr (D != 256)
-    launch_kernel(attn_kernel<T, D, 2>, grid, dim3(kWarps * 32), attn_smem(D), st, a);
+  if (a.q != nullptr)
+    launch_tq<T, D, false>(a, grid, st);
+  else
+    launch_tq<T, D, true>(a, grid, st);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool QV = false>
 const void* attn_kernel_for(int G) {
   if constexpr (D == 256) {
-    return (const void*)attn_kernel<T, D, 1>;
+    return (const void*)attn_kernel<T, D, 1, QV>;
   } else {
-    return attn_slices(D, G).width <= 8 ? (const void*)attn_kernel<T, D, 1>
-                                        : (const void*)attn_kernel<T, D, 2>;
+    return attn_slices(D, G).width <= 8 ? (const void*)attn_kernel<T, D, 1, QV>
+                                        : (const void*)attn_kernel<T, D, 2, QV>;
   }
 }
 
-template <typename T>
+template <typename T, bool QV = false>
 const void* attn_kernel_for(int head_dim, int G) {
-  return head_dim == 256   ? attn_kernel_for<T, 256>(G)
-         : head_dim == 128 ? attn_kernel_for<T, 128>(G)
-                           : attn_kernel_for<T, 64>(G);
+  return head_dim == 256   ? attn_kernel_for<T, 256, QV>(G)
+         : head_dim == 128 ? attn_kernel_for<T, 128, QV>(G)
+                           : attn_kernel_for<T, 64, QV>(G);
 }
 
 }  // namespace
@@ -469,7 +480,9 @@ const void* attn_kernel_for(int head_dim, int G) {
 void prepare_attention_kernels() {
   for (int d : limits::kHeadDims)
     for (int g : {1, 16})
-      for (const void* f : {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g)})
+      for (const void* f :
+           {attn_kernel_for<__nv_bfloat16>(d, g), attn_kernel_for<__half>(d, g),
+            attn_kernel_for<__nv_bfloat16, true>(d, g), attn_kernel_for<__half, true>(d, g)})
         LOCKS_CUDA_CHECK(
             cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem(d)));
 }
@@ -489,27 +502,15 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, i
                       const Selection* sel, int pps, int n_splits, float* part_o, float* part_ml,
                       OutBuf out, float* lse, cudaStream_t st) {
   const CacheLayout& L = cache.layout;
-  AttnArgs a{cache.k,
-             cache.v,
-             L.num_kv_heads,
-             Hq,
-             L.num_blocks,
-             cache.block_step(),
-             batch.block_table,
-             batch.block_table_stride,
-             batch.max_blocks_per_seq * 16,
-             batch.seq_lens,
-             sel ? sel->pages : nullptr,
-             sel ? sel->counts : nullptr,
-             sel ? sel->capacity : 0,
-             pps,
-             n_splits,
-             1,
-             1,
-             q,
-             scale * kLog2e,
-             part_o,
-             part_ml};
+  AttnArgs a{cache.k, cache.v, L.num_kv_heads, Hq, L.num_blocks, cache.block_step(),
+             batch.block_table, batch.block_table_stride, batch.max_blocks_per_seq * 16,
+             batch.seq_lens, sel ? sel->pages : nullptr, sel ? sel->counts : nullptr,
+             sel ? sel->capacity : 0, pps, n_splits, 1, 1,
+             // a contiguous fp32 query takes the fp32 instance (q), any other the general one
+             q.t == DType::f32 && q.stride == int64_t(Hq) * L.head_dim
+                 ? static_cast<const float*>(q.p)
+                 : nullptr,
+             scale * kLog2e, part_o, part_ml, q};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
   const AttnSlices hsl = attn_slices(L.head_dim, Hq / L.num_kv_heads);

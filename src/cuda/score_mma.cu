@@ -148,11 +148,16 @@ constexpr int score_min_blocks() {
 // block's query fragments (G > 16; G > 4 at d 256) read each summary n_sl times, from L2
 // for all but the first: blockIdx.x = KV head * n_sl + slice keeps a page's slices adjacent.
 // NG: basis scales per row (1, or D / 32 with basis_group 32; see (b)).
-template <int D, int NT1, int CP, bool HL, int NG>
+// QV: the query as QIn (fp32 / fp16 / bf16, any row stride: q16), else a contiguous fp32 query
+// (q): that instance is the kernel as it was before the model-dtype query (the same
+// instructions), since the general one, otherwise identical, scheduled the issue-bound G 16
+// stage loop 5% slower at GLM 1M batch 1.
+template <int D, int NT1, int CP, bool HL, int NG, bool QV>
 __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>())
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
-              int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M, QIn q, int Hq,
-              float scale, float* head_scores, float* chunk_lse, int n_chunks, int n_sl, int gw) {
+              int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M,
+              const float* __restrict__ q, QIn q16, int Hq, float scale, float* head_scores,
+              float* chunk_lse, int n_chunks, int n_sl, int gw) {
   constexpr int KS = D / 16;       // k-steps over the head dim
   constexpr int R = 8;             // rank
   constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
@@ -201,25 +206,35 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   const int32_t blk_pre = (lane < ppw && jw + lane < M) ? bt[jw + lane] : -1;
   constexpr int kQRows = (GMAX + kMmaWarps - 1) / kMmaWarps, kQCols = D / 32;
   float qpre[kQRows][kQCols];
-  // One branch on the query's dtype, outside the unrolled loads (a branch per element cost
-  // the G 16 instance 5% at GLM 1M batch 1).
-  auto load_query = [&](auto tag) {
-    using E = decltype(tag);
-    const E* qb = static_cast<const E*>(q.p) + int64_t(b) * q.stride + int64_t(hq0) * D + lane;
+  if constexpr (!QV) {
 #pragma unroll
     for (int i = 0; i < kQRows; ++i) {
       const int g = warp + i * kMmaWarps;
 #pragma unroll
       for (int j = 0; j < kQCols; ++j)
-        qpre[i][j] = g < GMAX && g < gc ? to_float(qb[g * D + 32 * j]) : 0.0f;
+        qpre[i][j] = g < GMAX && g < gc ? q[(int64_t(b) * Hq + hq0 + g) * D + lane + 32 * j] : 0.0f;
     }
-  };
-  if (q.t == DType::f32)
-    load_query(float{});
-  else if (q.t == DType::bf16)
-    load_query(__nv_bfloat16{});
-  else
-    load_query(__half{});
+  } else {
+    // One branch on the query's dtype, outside the unrolled loads.
+    auto load_query = [&](auto tag) {
+      using E = decltype(tag);
+      const E* qb =
+          static_cast<const E*>(q16.p) + int64_t(b) * q16.stride + int64_t(hq0) * D + lane;
+#pragma unroll
+      for (int i = 0; i < kQRows; ++i) {
+        const int g = warp + i * kMmaWarps;
+#pragma unroll
+        for (int j = 0; j < kQCols; ++j)
+          qpre[i][j] = g < GMAX && g < gc ? to_float(qb[g * D + 32 * j]) : 0.0f;
+      }
+    };
+    if (q16.t == DType::f32)
+      load_query(float{});
+    else if (q16.t == DType::bf16)
+      load_query(__nv_bfloat16{});
+    else
+      load_query(__half{});
+  }
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
   Stage<D, NG>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
@@ -584,9 +599,17 @@ void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, flo
   // head across far pages.
   const dim3 grid(unsigned(H * hsl.n), unsigned(ceil_div(batch.max_blocks_per_seq, CP)),
                   unsigned(batch.batch_size));
-  score_mma<D, NT1, CP, HL, NG><<<grid, kMmaWarps * 32, mma_smem<D, NG>(), st>>>(
-      sum_view(s), H, batch.block_table, batch.block_table_stride, bths, batch.seq_lens,
-      batch.max_blocks_per_seq, q, Hq, scale, hs, cl, n_chunks, hsl.n, hsl.width);
+  // A contiguous fp32 query takes the fp32 instance (QV false), any other the general one.
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kMmaWarps * 32, mma_smem<D, NG>(), st>>>(
+        sum_view(s), H, batch.block_table, batch.block_table_stride, bths, batch.seq_lens,
+        batch.max_blocks_per_seq, static_cast<const float*>(q.p), q, Hq, scale, hs, cl, n_chunks,
+        hsl.n, hsl.width);
+  };
+  if (q.t == DType::f32 && q.stride == int64_t(Hq) * D)
+    go(score_mma<D, NT1, CP, HL, NG, false>);
+  else
+    go(score_mma<D, NT1, CP, HL, NG, true>);
 }
 
 template <int D, int NT1, bool HL, int NG>
@@ -621,25 +644,30 @@ void launch_mma_g(const SummaryView& s, const BatchView& batch, QIn q, int Hq, f
   }
 }
 
-template <int D, int CP = 128, int NG = 1>
+template <int D, int CP = 128, int NG = 1, bool QV = false>
 const void* mma_kernel(int group) {
   if constexpr (D == 256) {
-    return (const void*)score_mma<D, 1, CP, true, NG>;
+    return (const void*)score_mma<D, 1, CP, true, NG, QV>;
   } else {
     const int w = mma_slices(D, group).width;
-    return w <= 4   ? (const void*)score_mma<D, 1, CP, true, NG>
-           : w <= 8 ? (const void*)score_mma<D, 1, CP, false, NG>
-                    : (const void*)score_mma<D, 2, CP, false, NG>;
+    return w <= 4   ? (const void*)score_mma<D, 1, CP, true, NG, QV>
+           : w <= 8 ? (const void*)score_mma<D, 1, CP, false, NG, QV>
+                    : (const void*)score_mma<D, 2, CP, false, NG, QV>;
   }
 }
 
-template <int D, int NG>
-void prepare_dg() {
+template <int D, int NG, bool QV>
+void prepare_dgq() {
   for (int g : {4, 8, 16})
-    for (const void* f : {mma_kernel<D, 128, NG>(g), mma_kernel<D, 96, NG>(g),
-                          mma_kernel<D, 64, NG>(g), mma_kernel<D, 32, NG>(g)})
+    for (const void* f : {mma_kernel<D, 128, NG, QV>(g), mma_kernel<D, 96, NG, QV>(g),
+                          mma_kernel<D, 64, NG, QV>(g), mma_kernel<D, 32, NG, QV>(g)})
       LOCKS_CUDA_CHECK(
           cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_smem<D, NG>()));
+}
+template <int D, int NG>
+void prepare_dg() {
+  prepare_dgq<D, NG, false>();
+  prepare_dgq<D, NG, true>();
 }
 // Instances: one scale a row at every D; 32-dim scale groups at D 128 and 256 (the default
 // layouts, summary_layout_for); other groups score on the CUDA-core kernel (score.cu).
