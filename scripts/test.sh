@@ -13,10 +13,10 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON -DLOCKS_CU
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
 # libFuzzer harnesses (fuzz/, issue #12): the .npy reader, the capture reader and the CLI option
-# parser, built with clang (-fsanitize=fuzzer,address,undefined); every corpus file, then 30 s
+# parser, built with clang (-fsanitize=fuzzer,address,undefined); every corpus file, then 20 s
 # of fuzzing each (CI time; `fuzz/run.sh build-fuzz SECONDS` for longer runs).
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_npy fuzz_capture fuzz_cli
-fuzz/run.sh build-fuzz 30
+fuzz/run.sh build-fuzz 20
 # Python package (torch operators, transformers drop-in, SmolLM2 tests): pytest.
 scripts/python_tests.sh
