@@ -9,6 +9,10 @@ namespace locks {
 
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
+// Whether t is one of the three codes (a DType read from memory or cast from an int may not be).
+inline constexpr bool dtype_known(DType t) {
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16;
+}
 inline constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 inline constexpr const char* dtype_name(DType t) {
   return t == DType::f32 ? "float32" : (t == DType::f16 ? "float16" : "bfloat16");

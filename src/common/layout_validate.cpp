@@ -16,8 +16,7 @@ void validate_layout(const CacheLayout& layout) {
   const int d = layout.head_dim;
   LOCKS_REQUIRE(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
                 "head_dim must be one of 32, 64, 96, 128, 256, got ", d);
-  const int t = static_cast<int>(layout.dtype);
-  LOCKS_REQUIRE(t >= 0 && t <= 2, "unknown dtype code ", t);
+  LOCKS_REQUIRE(dtype_known(layout.dtype), "unknown dtype code ", static_cast<int>(layout.dtype));
 }
 
 void validate_cache(const KvCacheView& cache) {

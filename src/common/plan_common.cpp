@@ -147,8 +147,7 @@ void check_run_super(const DecodePlan& plan, const SuperLayout& U, const SuperTa
 
 void check_run_query(const DecodePlan& plan, const QueryView& q, const char* where) {
   if (q.q == nullptr) fail(where, "q is null");
-  if (q.dtype != DType::f32 && q.dtype != DType::f16 && q.dtype != DType::bf16)
-    fail(where, "q: unknown dtype code ", static_cast<int>(q.dtype));
+  if (!dtype_known(q.dtype)) fail(where, "q: unknown dtype code ", static_cast<int>(q.dtype));
   const int64_t row = int64_t(plan.params.num_q_heads) * plan.params.cache.head_dim;
   if (q.stride != 0 && q.stride < row)
     fail(where, "q.stride ", q.stride, " is below one sequence's num_q_heads * head_dim = ", row);

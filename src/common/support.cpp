@@ -17,7 +17,6 @@ Support no(const Args&... args) {
   return {false, os.str()};
 }
 
-bool dtype_known(DType t) { return int(t) >= 0 && int(t) <= 2; }
 bool precision_known(Precision p) { return int(p) == 0 || int(p) == 1; }
 
 Support cpu_supports(const DecodeShape& s) {

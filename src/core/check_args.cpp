@@ -40,8 +40,7 @@ void check_batch_blocks(const BatchView& batch, int64_t num_blocks, int page_siz
 void check_query(const QueryView& q, int batch_size, int num_kv_heads, int head_dim,
                  const char* where) {
   if (q.q == nullptr) fail(where, "q is null");
-  if (q.dtype != DType::f32 && q.dtype != DType::f16 && q.dtype != DType::bf16)
-    fail(where, "q: unknown dtype code ", static_cast<int>(q.dtype));
+  if (!dtype_known(q.dtype)) fail(where, "q: unknown dtype code ", static_cast<int>(q.dtype));
   if (q.num_q_heads < 1 || num_kv_heads < 1 || q.num_q_heads % num_kv_heads != 0)
     fail(where, "num_q_heads ", q.num_q_heads, " is not a positive multiple of num_kv_heads ",
          num_kv_heads);

@@ -273,7 +273,7 @@ void check_common(const KvCacheView& cache, const BatchView& batch, const QueryV
   if (cache.k == nullptr || cache.v == nullptr) detail::fail(where, "cache.k or cache.v is null");
   validate_cache(cache);
   if (out.out == nullptr) detail::fail(where, "out.out is null");
-  if (out.dtype != DType::f32 && out.dtype != DType::f16 && out.dtype != DType::bf16)
+  if (!dtype_known(out.dtype))
     detail::fail(where, "out: unknown dtype code ", static_cast<int>(out.dtype));
   detail::check_query(q, batch.batch_size, cache.layout.num_kv_heads, cache.layout.head_dim, where);
   detail::check_scale(scale, where);

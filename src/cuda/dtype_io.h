@@ -1,9 +1,10 @@
 // The query a kernel reads and the output it writes, in fp32 or the model's fp16 / bf16
 // (QueryView::dtype, AttentionOutput::dtype). The element type is a runtime value, uniform
 // over a launch: the query is read once in each block's prologue and the output written once
-// in the merge, so a branch there costs nothing, where a template per dtype would triple the
-// kernel instances. Host-side header (decoder_wrapper.cpp includes the launchers); the device
-// loads and stores are in common.cuh.
+// in the merge, so a branch there costs little, where a template per dtype would triple the
+// kernel instances (score_mma and attn_kernel keep one more instance, for a contiguous fp32
+// query: their pre-dtype instructions). Host-side header (decoder_wrapper.cpp includes the
+// launchers); the device loads and stores are in common.cuh.
 #pragma once
 
 #include <cstdint>
