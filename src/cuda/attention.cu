@@ -507,9 +507,7 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, i
              batch.seq_lens, sel ? sel->pages : nullptr, sel ? sel->counts : nullptr,
              sel ? sel->capacity : 0, pps, n_splits, 1, 1,
              // a contiguous fp32 query takes the fp32 instance (q), any other the general one
-             q.t == DType::f32 && q.stride == int64_t(Hq) * L.head_dim
-                 ? static_cast<const float*>(q.p)
-                 : nullptr,
+             contiguous_f32(q, Hq, L.head_dim) ? static_cast<const float*>(q.p) : nullptr,
              scale * kLog2e, part_o, part_ml, q};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);

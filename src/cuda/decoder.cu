@@ -58,7 +58,7 @@ void check_attention(const DecodePlan& plan, const KvCacheView& cache, const Que
   if ((reinterpret_cast<uintptr_t>(q.q) % (2 * qes)) != 0 || q.stride % 2 != 0)
     locks::detail::fail(where, "q must be ", 2 * qes, "-byte aligned with an even stride");
   if (out.out == nullptr) locks::detail::fail(where, "out.out is null");
-  if (out.dtype != DType::f32 && out.dtype != DType::f16 && out.dtype != DType::bf16)
+  if (!dtype_known(out.dtype))
     locks::detail::fail(where, "out: unknown dtype code ", static_cast<int>(out.dtype));
 }
 

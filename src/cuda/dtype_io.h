@@ -27,4 +27,9 @@ struct OutBuf {
 
 inline QIn q_in(const QueryView& q, int head_dim) { return {q.q, q.dtype, q.row_stride(head_dim)}; }
 
+// The query the fp32 instances of score_mma and attn_kernel read: fp32, rows back to back.
+inline bool contiguous_f32(const QIn& q, int num_q_heads, int head_dim) {
+  return q.t == DType::f32 && q.stride == int64_t(num_q_heads) * head_dim;
+}
+
 }  // namespace locks::cuda::detail

@@ -590,8 +590,7 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
   LOCKS_REQUIRE(batch.batch_size >= 1 && batch.max_blocks_per_seq >= 1 && batch.seq_lens,
                 "super_score: empty batch or null seq_lens");
   LOCKS_REQUIRE(q.q != nullptr && q.num_q_heads >= l.num_kv_heads &&
-                    q.num_q_heads % l.num_kv_heads == 0 &&
-                    (q.dtype == DType::f32 || q.dtype == DType::f16 || q.dtype == DType::bf16),
+                    q.num_q_heads % l.num_kv_heads == 0 && dtype_known(q.dtype),
                 "super_score: q is null, of an unknown dtype, or num_q_heads ", q.num_q_heads,
                 " is not a multiple of num_kv_heads ", l.num_kv_heads);
   LOCKS_REQUIRE(std::isfinite(scale) && scale > 0.0f, "scale must be positive and finite");
