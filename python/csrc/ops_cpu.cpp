@@ -34,14 +34,10 @@ struct CpuOps {
                           const locks::QueryView& q, float* head_scores, Stream) {
     locks::cpu::score_pages(p, ws, s, b, q, head_scores);
   }
-  static void aggregate_gqa(const locks::DecodePlan& p, locks::Workspace ws,
-                            const locks::BatchView& b, const float* hs, float* gs, Stream) {
-    locks::cpu::aggregate_gqa(p, ws, b, hs, gs);
-  }
-  static void select_pages(const locks::DecodePlan& p, locks::Workspace ws,
-                           const locks::BatchView& b, const float* gs, const locks::Selection& sel,
-                           Stream) {
-    locks::cpu::select_pages(p, ws, b, gs, sel);
+  static void aggregate_select(const locks::DecodePlan& p, locks::Workspace ws,
+                               const locks::BatchView& b, const float* hs, float* gs,
+                               const locks::Selection& sel, Stream) {
+    locks::cpu::aggregate_select(p, ws, b, hs, gs, sel);
   }
   static void decode_attention_sparse(const locks::DecodePlan& p, locks::Workspace ws,
                                       const locks::KvCacheView& c, const locks::BatchView& b,

@@ -38,14 +38,10 @@ struct CudaOps {
                           const locks::QueryView& q, float* head_scores, Stream st) {
     locks::cuda::score_pages(p, ws, s, b, q, head_scores, st);
   }
-  static void aggregate_gqa(const locks::DecodePlan& p, locks::Workspace ws,
-                            const locks::BatchView& b, const float* hs, float* gs, Stream st) {
-    locks::cuda::aggregate_gqa(p, ws, b, hs, gs, st);
-  }
-  static void select_pages(const locks::DecodePlan& p, locks::Workspace ws,
-                           const locks::BatchView& b, const float* gs, const locks::Selection& sel,
-                           Stream st) {
-    locks::cuda::select_pages(p, ws, b, gs, sel, st);
+  static void aggregate_select(const locks::DecodePlan& p, locks::Workspace ws,
+                               const locks::BatchView& b, const float* hs, float* gs,
+                               const locks::Selection& sel, Stream st) {
+    locks::cuda::aggregate_select(p, ws, b, hs, gs, sel, st);
   }
   static void decode_attention_sparse(const locks::DecodePlan& p, locks::Workspace ws,
                                       const locks::KvCacheView& c, const locks::BatchView& b,

@@ -101,8 +101,8 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
   translate_errors([&] {
     const auto st = B::stream(dev);
     B::score_pages(plan, ws, s, batch, qv, head_scores, st);
-    B::aggregate_gqa(plan, ws, batch, head_scores, group_scores, st);
-    B::select_pages(plan, ws, batch, group_scores, sel, st);
+    // aggregate_gqa + select_pages, in one launch where the CUDA plan chose it (select_cluster)
+    B::aggregate_select(plan, ws, batch, head_scores, group_scores, sel, st);
   });
 }
 

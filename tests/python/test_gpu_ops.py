@@ -111,6 +111,33 @@ def test_cuda_select_matches_cpu_up_to_near_ties(d, H, Hq, dtype, precision, bud
     assert_selections_agree(pc, cc, pg, cg, shares, A, u_score=UNIT[torch.bfloat16])
 
 
+def test_cuda_select_runs_the_plans_one_launch_selection():
+    """select() aggregates and selects as the plan chose: in one cluster launch on a small grid
+    (the plan's select_cluster), in separate launches under the adaptive budget (tau > 0). The
+    operator once ran the separate kernels whatever the plan said (vLLM's kernel profile showed
+    the two selection stages at batch 1); the results are the same bits either way, so only the
+    kernels launched tell."""
+    k, _, bt, sl, q = paged()
+    nb, mb = k.shape[0], bt.shape[1]
+    s = ops.new_summaries(nb, 2, 128, P, 8, DEV)
+    ops.summary_build(k.to(DEV), full_blocks(bt, sl).to(DEV), s)
+    args = (q.to(DEV), s, bt.to(DEV), sl.to(DEV))
+
+    def kernels(**kw):
+        w = wrapper(DEV, 4, 8, 2, 128, nb, mb, 128, **kw)
+        w.select(*args)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            w.select(*args)
+            torch.cuda.synchronize()
+        return " ".join(e.key for e in prof.key_averages())
+
+    one = kernels()
+    assert "aggregate_select_cluster" in one and "select_stage1" not in one, one
+    separate = kernels(tau=0.9)
+    assert "aggregate_select_cluster" not in separate and "aggregate_kernel" in separate, separate
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_cuda_dense_below_matches_cpu(precision):
     """The minimum context (dense_below) through the CUDA plan: sequences shorter than the
