@@ -119,7 +119,7 @@ def test_cuda_select_runs_the_plans_one_launch_selection():
     kernels launched tell."""
     k, _, bt, sl, q = paged()
     nb, mb = k.shape[0], bt.shape[1]
-    s = ops.new_summaries(nb, 2, 128, P, 8, DEV)
+    s = ops.new_summaries(nb, 2, 128, P, 8, DEV, "int4")
     ops.summary_build(k.to(DEV), full_blocks(bt, sl).to(DEV), s)
     args = (q.to(DEV), s, bt.to(DEV), sl.to(DEV))
 
