@@ -1,7 +1,6 @@
 // The tensor-core page scoring (score_mma_kernel.cuh) for a query in any dtype and row stride,
 // and the entry points: a contiguous fp32 query takes score_mma_fp32.cu's instances (the
 // kernel's pre-dtype instructions; see score_mma's QV).
-#include "score_mma_fp32.h"
 #include "score_mma_kernel.cuh"
 
 namespace locks::cuda::detail {

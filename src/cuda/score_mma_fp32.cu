@@ -2,7 +2,6 @@
 // and the chunk size rule's occupancy query, which reads these instances (the bench's path).
 #include "locks/error.h"
 #include "score_chunk_rule.h"
-#include "score_mma_fp32.h"
 #include "score_mma_kernel.cuh"
 
 namespace locks::cuda::detail {
