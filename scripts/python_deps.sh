@@ -21,6 +21,7 @@ need=()
 for m in gguf accelerate pytest numpy ninja; do
   "$PY" -c "import $m" 2>/dev/null || need+=("$m")
 done
+"$PY" -c "import xdist" 2>/dev/null || need+=("pytest-xdist")  # scripts/python_tests.sh's workers
 "$PY" -c "import scikit_build_core" 2>/dev/null || need+=("scikit-build-core>=0.10")
 if [ ${#need[@]} -gt 0 ]; then
   "$PY" -m pip install -q --disable-pip-version-check "${need[@]}"
