@@ -13,7 +13,7 @@ jobs="$(nproc)"
 # pytest, their output shown then.
 pydeps_log="$(mktemp)"
 low=(nice -n 19)
-command -v ionice >/dev/null && low+=(ionice -c 3)
+ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
 "${low[@]}" scripts/python_deps.sh --vllm >"$pydeps_log" 2>&1 &
 pydeps=$!
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
