@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Installs and builds the Python package (scripts/python_setup.sh) and runs its tests (pytest
-# tests/python), then the vLLM plugin's CPU tests. Called by scripts/test.sh.
+# Installs and builds the Python package (scripts/python_setup.sh --vllm) and runs its tests
+# (pytest tests/python), then the vLLM plugin's CPU tests (tests/vllm). Called by
+# scripts/test.sh with LOCKS_PY_INSTALLED=1, after it has run that set-up itself beside the C++
+# builds (the set-up is then skipped here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-PYTHON="$PY" scripts/python_setup.sh
+[ "${LOCKS_PY_INSTALLED:-}" = 1 ] || PYTHON="$PY" scripts/python_setup.sh --vllm
+export LOCKS_PY_INSTALLED=1
 export HF_HUB_OFFLINE=1
 # One single-threaded pytest worker per core (pytest-xdist): the slow tests are small-model
 # CPU inference, where two one-thread processes finish the suite in 202 s against 315 s for
 # one two-thread process (2-core CI machine, 2026-12-03).
 OMP_NUM_THREADS=1 "$PY" -m pytest -q -p no:cacheprovider -n "$(nproc)" tests/python "$@"
-# The vLLM plugin's CPU tests (python/locks/vllm, tests/vllm): installs vLLM 0.26.0 --no-deps.
+# The vLLM plugin's CPU tests (python/locks/vllm, tests/vllm).
 PYTHON="$PY" scripts/vllm_tests.sh
