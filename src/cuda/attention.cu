@@ -38,13 +38,7 @@ constexpr int attn_smem(int D) { return kWarps * 2 * 2 * 16 * D * 2; }
 // where the output accumulators alone take 128 registers) are split over n blocks per
 // (split, KV head), each streaming the same pages (from L2 for all but the first).
 constexpr int attn_max_heads(int d) { return d == 256 ? 8 : 16; }
-struct AttnSlices {
-  int n, width;
-};
-AttnSlices attn_slices(int d, int group) {
-  const int n = ceil_div(group, attn_max_heads(d));
-  return {n, ceil_div(group, n)};
-}
+HeadSlices attn_slices(int d, int group) { return head_slices(group, attn_max_heads(d)); }
 
 struct AttnArgs {
   const void* k;
@@ -511,7 +505,7 @@ void launch_attention(const KvCacheView& cache, const BatchView& batch, QIn q, i
              scale * kLog2e, part_o, part_ml, q};
   const int used = sel ? ceil_div(sel->capacity, pps) : ceil_div(batch.max_blocks_per_seq, pps);
   LOCKS_REQUIRE(used <= n_splits, "attention splits ", used, " exceed the plan's ", n_splits);
-  const AttnSlices hsl = attn_slices(L.head_dim, Hq / L.num_kv_heads);
+  const HeadSlices hsl = attn_slices(L.head_dim, Hq / L.num_kv_heads);
   a.n_sl = hsl.n;
   a.gw = hsl.width;
   // KV heads (and their head slices) vary fastest across the grid: the blocks in flight then

@@ -17,6 +17,16 @@ namespace locks::cuda::detail {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// Head slices of a GQA group too wide for one block's fragments: the fewest slices of at most
+// `max_heads` heads, balanced (scoring and attention each set their own maximum).
+struct HeadSlices {
+  int n, width;
+};
+inline HeadSlices head_slices(int group, int max_heads) {
+  const int n = ceil_div(group, max_heads);
+  return {n, ceil_div(group, n)};
+}
+
 constexpr float kNegInf = -__builtin_huge_valf();
 
 __device__ __forceinline__ float to_float(float x) { return x; }

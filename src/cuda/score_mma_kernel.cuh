@@ -587,13 +587,7 @@ constexpr int mma_smem() {
 // Head slices of a GQA group on the tensor-core path: the fewest slices of at most
 // mma_max_heads(d) heads, balanced (G 32 at d 128: 2 x 16; G 8 at d 256: 2 x 4).
 constexpr int mma_max_heads(int d) { return d == 256 ? 4 : 16; }
-struct HeadSlices {
-  int n, width;
-};
-HeadSlices mma_slices(int d, int group) {
-  const int n = ceil_div(group, mma_max_heads(d));
-  return {n, ceil_div(group, n)};
-}
+HeadSlices mma_slices(int d, int group) { return head_slices(group, mma_max_heads(d)); }
 
 // The launch chain for one query instance (QV, see score_mma): score_mma.cu instantiates it
 // for the general query, score_mma_fp32.cu for the contiguous fp32 one, so that the two
