@@ -17,9 +17,12 @@ pysetup_log="$(mktemp)"
 low=(nice -n 19)
 ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
 t0=$SECONDS
-("${low[@]}" scripts/python_setup.sh --vllm && echo "python_setup: done at $((SECONDS - t0)) s") \
+# Its own process group (setsid), so that a C++ phase that fails stops it too (pip and the
+# package build are its children) instead of leaving it running after this script has exited.
+setsid "${low[@]}" bash -c 'scripts/python_setup.sh --vllm && echo "python_setup: done at $SECONDS s"' \
   >"$pysetup_log" 2>&1 &
 pysetup=$!
+trap 'kill -- -"$pysetup" 2>/dev/null || true' EXIT
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
