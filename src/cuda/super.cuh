@@ -1,6 +1,6 @@
-// Launchers of the two-level step's kernels (super.cu), internal to locks_cuda; the public
-// ops are cuda::super_score / select_groups_list (super_summary.h) and decode_two_level
-// (contract.h).
+// Launchers of the two-level step's kernels (super_score.cu: level 1; super.cu: the group
+// choice), internal to locks_cuda; the public ops are cuda::super_score / select_groups_list
+// (super_summary.h) and decode_two_level (contract.h).
 #pragma once
 
 #include <cuda_runtime.h>

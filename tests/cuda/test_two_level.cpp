@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <set>
 
 #include "cuda_arith.h"
@@ -399,6 +400,146 @@ TEST(CudaTwoLevel, NoSinkRecentAndOtherModes) {
   t.gamma = 0.5;
   t.agg = GroupAgg::lse;
   run_case({4, 2, t, {256, 0, 3}}, kLens);
+}
+
+// Level 1 alone over the kernel's instances and paths (super_score.cu): head dims 32-256
+// (one to eight words a lane; 66 pads the k-steps and reads bytes), ranks 3-16 (8- and
+// 16-row instances, rows past the rank, per-page rows read by bytes when the rank is not
+// the instance's), 8 / 32 / 64 pages a group (one or two pages a lane), groups 1-32 (padded
+// passes, several passes), every estimate, LSE and max, gamma, and arrays at odd addresses
+// (byte loads); random codes; vs cpu::super_score within group_tol.
+struct L1Case {
+  int d, R, S, Hkv, G;
+  bool extent, mix;
+  GroupAgg agg;
+  double gamma;
+  bool misalign;
+};
+
+template <typename T>
+void fill_random(T* p, size_t n, std::mt19937_64& rng, int lo, int hi) {
+  std::uniform_int_distribution<int> U(lo, hi);
+  for (size_t i = 0; i < n; ++i) p[i] = T(U(rng));
+}
+void fill_scales(float* p, size_t n, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> U(lo, hi);
+  for (size_t i = 0; i < n; ++i) p[i] = U(rng);
+}
+
+void run_level1(const L1Case& c, uint64_t seed) {
+  constexpr int P = 16;
+  const int B = 3, Hq = c.Hkv * c.G, d = c.d, R = c.R, S = c.S;
+  SuperLayout l;
+  l.num_slots = 40;
+  l.group_pages = S;
+  l.page_size = P;
+  l.num_kv_heads = c.Hkv;
+  l.head_dim = d;
+  l.rank = R;
+  l.extent = c.extent;
+  GpuSupers sup(l);
+  std::mt19937_64 rng(seed);
+  {
+    const SuperView v = sup.host.view();
+    const size_t gh = size_t(l.num_slots) * c.Hkv;
+    fill_random(v.mu_q, gh * d, rng, -127, 127);
+    fill_scales(v.mu_scale, gh, rng, 0.002f, 0.02f);
+    fill_random(v.basis_q, gh * R * d / 2, rng, 0, 255);
+    fill_scales(v.basis_scale, gh * R, rng, 0.01f, 0.05f);
+    fill_random(v.coord_q, gh * S * R, rng, -127, 127);
+    fill_scales(v.coord_scale, gh * R, rng, 0.01f, 0.1f);
+    fill_random(v.radius_q, gh * S, rng, 0, 255);
+    fill_scales(v.radius_scale, gh, rng, 0.001f, 0.01f);
+    if (c.extent) {
+      fill_random(v.lo_q, gh * S * R, rng, -127, 127);
+      fill_random(v.hi_q, gh * S * R, rng, -127, 127);
+      for (size_t i = 0; i < gh * S * R; ++i)
+        if (v.lo_q[i] > v.hi_q[i]) std::swap(v.lo_q[i], v.hi_q[i]);
+      fill_scales(v.extent_scale, gh * R, rng, 0.01f, 0.1f);
+    }
+  }
+  sup.upload();
+  SuperView dv = sup.dview();
+  // Odd-address copies of the basis, centroid and per-page rows: the kernel's byte loads.
+  DevBuf<uint8_t> odd_basis, odd_mu, odd_hi;
+  if (c.misalign) {
+    auto odd = [](DevBuf<uint8_t>& buf, const void* src, size_t n) {
+      buf = DevBuf<uint8_t>(n + 1);
+      CK(cudaMemcpy(buf.p + 1, src, n, cudaMemcpyDeviceToDevice));
+      return buf.p + 1;
+    };
+    const size_t gh = size_t(l.num_slots) * c.Hkv;
+    dv.basis_q = odd(odd_basis, dv.basis_q, gh * R * d / 2);
+    dv.mu_q = reinterpret_cast<int8_t*>(odd(odd_mu, dv.mu_q, gh * d));
+    if (c.extent) dv.hi_q = reinterpret_cast<int8_t*>(odd(odd_hi, dv.hi_q, gh * S * R));
+  }
+  // Three sequences: 7 complete groups and a partial one, 3 exactly, none; random slots.
+  const std::vector<int32_t> lens = {S * P * 7 + 3 * P + 5, S * P * 3, P * 2 + 1};
+  const int M = S * 8 + 1, MG = (M + S - 1) / S;
+  std::vector<int32_t> table(size_t(B) * MG, -1), bt(size_t(B) * M, 0);
+  std::uniform_int_distribution<int> slot(0, int(l.num_slots) - 1);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < lens[b] / P / S; ++j) table[size_t(b) * MG + j] = slot(rng);
+  DevBuf<int32_t> dtable(table), dlens(lens), dbt(bt);
+  const BatchView hb{bt.data(), M, lens.data(), B, M}, db{dbt.p, M, dlens.p, B, M};
+  const SuperTableView htv{table.data(), MG, MG}, dtv{dtable.p, MG, MG};
+  const std::vector<float> q = random_queries(B, Hq, d, 1.5f, seed + 1);
+  DevBuf<float> dq(q);
+  TwoLevelConfig cfg;
+  cfg.use_extent = c.extent;
+  cfg.mix = c.mix;
+  cfg.agg = c.agg;
+  cfg.gamma = c.gamma;
+  const float scale = 1.0f / std::sqrt(float(d));
+  DevBuf<float> out(size_t(B) * Hq * MG);
+  out.poison();
+  cuda::super_score(dv, dtv, db, {dq.p, Hq}, scale, cfg, out.p, nullptr);
+  CK(cudaDeviceSynchronize());
+  const std::vector<float> gh = out.download();
+  std::vector<float> ch(gh.size());
+  const SuperView hs = sup.host.view();
+  cpu::super_score(hs, htv, hb, {q.data(), Hq}, scale, cfg, ch.data());
+  double worst = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int j = 0; j < MG; ++j) {
+        const size_t i = (size_t(b) * Hq + h) * MG + j;
+        if (std::isinf(ch[i])) {
+          ASSERT_TRUE(std::isinf(gh[i]) && gh[i] < 0) << "b " << b << " h " << h << " j " << j;
+          continue;
+        }
+        const double tol = group_tol(hs, table[size_t(b) * MG + j], h / c.G,
+                                     q.data() + (size_t(b) * Hq + h) * d, scale, P);
+        ASSERT_NEAR(gh[i], ch[i], tol) << "d " << d << " R " << R << " S " << S << " G " << c.G
+                                       << ": b " << b << " h " << h << " group " << j;
+        worst = std::max(worst, std::fabs(double(gh[i]) - ch[i]) / tol);
+      }
+  ::testing::Test::RecordProperty("level1_worst_error_over_bound", std::to_string(worst));
+}
+
+TEST(CudaTwoLevel, Level1EveryInstanceAndPath) {
+  SKIP_WITHOUT_GPU();
+  const GroupAgg L = GroupAgg::lse, X = GroupAgg::max;
+  const std::vector<L1Case> cases = {
+      {128, 8, 32, 8, 4, true, false, L, 0.0, false},    // Llama-3.1-8B, the bench's default
+      {128, 8, 32, 2, 16, true, false, L, 0.0, false},   // GLM-4-9B: 4 passes
+      {256, 8, 32, 1, 4, true, true, L, 0.5, false},     // Gemma-3 global: 8 words a lane
+      {64, 8, 8, 2, 16, false, false, X, 0.0, false},    // centroid, max, 2 words a lane
+      {96, 5, 64, 3, 7, true, false, L, 0.0, false},     // 3 words, rows past the rank, 2 pages
+      {128, 16, 64, 2, 2, true, true, L, 0.5, false},    // 16 rows, 2 pages a lane, mixed
+      {128, 12, 32, 2, 32, true, false, L, 0.0, false},  // 16 rows, 8 passes
+      {66, 8, 16, 2, 3, true, false, X, 0.0, false},     // padded k-steps, byte loads
+      {32, 3, 8, 4, 1, false, false, L, 0.25, false},    // one word a lane, one head
+      {160, 8, 32, 2, 4, true, false, L, 0.0, false},    // 5 words a lane (4-byte loads)
+      {128, 8, 32, 2, 4, true, true, L, 0.0, true},      // odd addresses: byte loads
+  };
+  uint64_t seed = 100;
+  for (const L1Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "d " << c.d << " R " << c.R << " S " << c.S << " Hkv "
+                                      << c.Hkv << " G " << c.G);
+    run_level1(c, seed += 7);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST(CudaTwoLevel, BadCallsAreRefused) {
