@@ -180,9 +180,10 @@ double group_tol(const SuperView& s, int32_t slot, int head, const float* q, flo
   for (int p = 0; p < S; ++p) {
     double mag = qm;
     for (int k = 0; k < R; ++k) {
-      const double e =
-          std::max({std::fabs(g.hi[size_t(p) * R + k]), std::fabs(g.lo[size_t(p) * R + k]),
-                    std::fabs(g.coord[size_t(p) * R + k])});
+      const size_t i = size_t(p) * R + k;
+      double e = std::fabs(g.coord[i]);
+      if (!g.hi.empty())  // layouts without extent hold coordinates only
+        e = std::max({e, std::fabs(double(g.hi[i])), std::fabs(double(g.lo[i]))});
       mag += (std::fabs(w[k]) + wa[k]) * e;
     }
     worst = std::max(worst, mag);
