@@ -140,42 +140,29 @@ __device__ __forceinline__ void load_words(const uint8_t* row, int off, int len,
 }
 
 // A lane's registers for one group: raw codes and the scales it applies. MT = basis rows a
-// lane holds (gid, gid + 8); NW = words (8 dims) of a lane's dims, at most. Page codes are
-// held as the A fragments of the estimate products need them: page 16 m + 8 r + gid (m-tile
-// m of 16 pages, row half r), code pair j = dims k 2 tig + 8 j, + 1 of the group's basis.
+// lane holds (gid, gid + 8); NW = words (8 dims) of a lane's dims, at most.
 template <int RM, int NW, int PL, int MODE>
 struct GroupRegs {
-  static constexpr int MT = RM / 8, NMT = 2 * PL, KJ = RM / 8;
+  static constexpr int MT = RM / 8, RW = RM / 4;
   uint32_t bw[MT][NW];                          // basis nibbles of rows gid + 8 m, the lane's dims
   uint32_t mw[2];                               // centroid bytes: word gid of the lane's dims
-  uint32_t hl[NMT][2][MODE == 0 ? 1 : KJ];      // hi codes (low 16 bits), lo codes (high 16)
-  uint32_t cd[NMT][2][MODE == 1 ? 1 : KJ];      // coordinate codes (low 16 bits)
-  uint32_t rad[NMT];                            // radius codes: row half r in byte r
+  uint32_t ew[PL][RW];                          // per page: hi (extent modes) or coordinates (0)
+  uint32_t lw[PL][MODE == 0 ? 1 : RW];          // per page: lo (extent modes)
+  uint32_t cw[PL][MODE == 2 ? RW : 1];          // per page: coordinates (mixed)
+  uint32_t rad[PL];                             // per page: radius code
   float mu_sc, rsc, bsc[MT], esc[MT], csc[MT];  // scales (rows gid + 8 m; 0 past the rank)
 };
 
 struct GroupGeom {
   int d, KP, nw, R, S;  // KP: head dim rounded up to 32; nw = KP / 32 words a lane
-  // Alignments (load_words) of a lane's basis words and centroid word; page code pairs as
-  // 2-byte loads (even rank, 2-byte aligned arrays).
-  int a_basis, a_mu;
-  bool pairs16;
+  // Alignments (load_words) of a lane's basis words, centroid word and page rows.
+  int a_basis, a_mu, a_rows;
 };
-
-// Codes k0, k0 + 1 of a page row (R codes), zero past the rank, in the low 16 bits.
-__device__ __forceinline__ uint32_t load_pair(const int8_t* row, int k0, int R, bool pairs16) {
-  if (k0 >= R) return 0u;
-  if (pairs16) return *reinterpret_cast<const uint16_t*>(row + k0);
-  uint32_t x = uint8_t(row[k0]);
-  if (k0 + 1 < R) x |= uint32_t(uint8_t(row[k0 + 1])) << 8;
-  return x;
-}
 
 template <int RM, int NW, int PL, int MODE>
 __device__ __forceinline__ void load_group(GroupRegs<RM, NW, PL, MODE>& g, const SupArrays& A,
                                            int64_t gh, const GroupGeom& m, int lane) {
-  using Regs = GroupRegs<RM, NW, PL, MODE>;
-  constexpr int MT = Regs::MT, NMT = Regs::NMT, KJ = Regs::KJ;
+  constexpr int MT = RM / 8, RW = RM / 4;
   const int gid = lane >> 2, tig = lane & 3;
   const int row_bytes = m.d / 2;
 #pragma unroll
@@ -197,71 +184,53 @@ __device__ __forceinline__ void load_group(GroupRegs<RM, NW, PL, MODE>& g, const
   g.mu_sc = A.mu_scale[gh];
   g.rsc = A.radius_scale[gh];
 #pragma unroll
-  for (int mt = 0; mt < NMT; ++mt) {
-    uint32_t rad = 0;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int p = 16 * mt + 8 * r + gid;
-      const bool ok = p < m.S;
-      const int64_t off = (gh * m.S + (ok ? p : 0)) * m.R;
-#pragma unroll
-      for (int j = 0; j < KJ; ++j) {
-        const int k0 = ok ? 2 * tig + 8 * j : m.R;  // past the page count: zero codes
-        if constexpr (MODE != 0)
-          g.hl[mt][r][j] = load_pair(A.hi_q + off, k0, m.R, m.pairs16) |
-                           load_pair(A.lo_q + off, k0, m.R, m.pairs16) << 16;
-        if constexpr (MODE != 1) g.cd[mt][r][j] = load_pair(A.coord_q + off, k0, m.R, m.pairs16);
-      }
-      if (ok) rad |= uint32_t(A.radius_q[gh * m.S + p]) << (8 * r);
-    }
-    g.rad[mt] = rad;
+  for (int t = 0; t < PL; ++t) {
+    const int p = lane + 32 * t;
+    const bool ok = p < m.S;
+    const int64_t off = (gh * m.S + (ok ? p : 0)) * m.R;
+    const int n = ok ? RW : 0;
+    auto rows = [&](const int8_t* base, uint32_t(&w)[RW]) {
+      load_words<RW>(reinterpret_cast<const uint8_t*>(base + off), 0, m.R, n, m.a_rows, w);
+    };
+    rows(MODE == 0 ? A.coord_q : A.hi_q, g.ew[t]);
+    if constexpr (MODE != 0) rows(A.lo_q, g.lw[t]);
+    if constexpr (MODE == 2) rows(A.coord_q, g.cw[t]);
+    g.rad[t] = ok ? A.radius_q[gh * m.S + p] : 0u;
   }
 }
 
-// B fragment pair of weights v0, v1 (k, k + 1 of a column) scaled by the column's
-// normaliser: the fp16 hi part, or the residual lo part.
-__device__ __forceinline__ uint32_t weight_pair(float v0, float v1, float f, bool lo) {
-  v0 *= f, v1 *= f;
-  return MmaH::pack(lo ? v0 - MmaH::round(v0) : v0, lo ? v1 - MmaH::round(v1) : v1);
+__device__ __forceinline__ float code_at(const uint32_t* w, int k) {
+  return float(int8_t(w[k >> 2] >> (8 * (k & 3))));
 }
 
 // RM: basis rows held (R <= RM, 8 or 16); NW: words of 8 dims a lane (head dim <= 32 NW);
-// PL: 32-page halves of a group (S <= 32 PL); MODE: 0 centroid, 1 extent, 2 mixed.
-// Per pass of 4 heads, after the projections: the estimates of every page of the group for
-// the 4 heads as tensor-core products, [pages x codes] x [codes x (head, hi / lo)]:
-//   extent: sum_k max(w_k hi_pk, w_k lo_pk) = sum_k w+_k H_pk + w-_k L_pk with H = max(hi, lo),
-//     L = min(hi, lo), w+ = w where w >= 0 else 0, w- = w where w <= 0 else 0 (a NaN weight
-//     stays NaN in both), the extent scales folded into w: A columns are (H codes, L codes);
-//   centroid: sum_k w_k c_pk with the coordinate scales folded into w.
-// The int8 codes are exact in fp16; the weights enter as fp16 hi + lo halves after a
-// power-of-two normaliser per head, fp32 accumulation. Lane (gid, tig) then holds head tig's
-// estimates of pages 16 m + gid and 16 m + gid + 8, and each head's log-sum-exp (or max) is
-// a reduction over the 8 lanes of its column.
+// PL: pages a lane (S <= 32 PL); MODE: 0 centroid, 1 extent, 2 mixed.
 template <int RM, int NW, int PL, int MODE>
 __global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, GroupGeom geo, int P, const int32_t* table,
                        int64_t t_stride, int MG, const int32_t* seq_lens, int M, QIn q, int Hq,
                        float scale, bool lse, float gamma, float* out, int gpw) {
-  using Regs = GroupRegs<RM, NW, PL, MODE>;
-  constexpr int MT = Regs::MT, NMT = Regs::NMT, KJ = Regs::KJ;
-  // The next group's codes are prefetched where the registers allow (a second set of page
-  // codes: not at rank 16 with 64 pages, nor in the mixed mode past rank 8 with 32 pages).
-  constexpr bool kPrefetch = RM * PL <= 8 || (RM * PL <= 16 && MODE != 2);
+  constexpr int MT = RM / 8;
+  // The next group's codes are prefetched where the registers allow it (the page values as
+  // floats, RM x PL x 2 or 3 of them, are the other large share): not at rank 16 with 64
+  // pages, nor in the mixed mode at rank 16 or 64 pages.
+  constexpr bool kPrefetch = RM * PL * (MODE == 2 ? 3 : 2) <= 32;
   extern __shared__ float4 sm4[];
   const int h = blockIdx.y, b = blockIdx.z, G = Hq / H;
   const int GP = (G + kPass - 1) / kPass * kPass;  // heads padded to whole passes (zero queries)
   const int KS = geo.KP / 16;                      // k-steps over the (padded) head dim
   // Shared memory: the query's B fragments [GP / 4][KS][32], per head its 2^e normaliser's
-  // inverse and |q|^2, per warp the folded weights of a pass and their normalisers.
+  // inverse and |q|^2, per warp the projected weights of a pass.
   uint2* bfr = reinterpret_cast<uint2*>(sm4);
   float* invf = reinterpret_cast<float*>(bfr + (GP / kPass) * KS * 32);
   float* q2 = invf + GP;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;
-  float* wf = q2 + GP + warp * (kPass * (2 * RM + 2));  // [4][RM] extent (or centroid) weights
+  float* wf = q2 + GP + warp * (kPass * (2 * RM + 3));  // [4][RM] extent (or centroid) weights
   float* wc = wf + kPass * RM;                          // [4][RM] coordinate weights (mixed)
-  float* nf = wc + kPass * RM;                          // [4] normalisers of wf
-  float* nc = nf + kPass;                               // [4] normalisers of wc
+  float* qm = wc + kPass * RM;                          // [4] q.M
+  float* gq = qm + kPass;                               // [4] gamma |q_perp| radius scale
+  float* mh = gq + kPass;                               // [4] the group max of each head
 
   // Untrusted device values (docs/bad_input.md): an invalid length has no complete group,
   // an invalid slot scores -inf.
@@ -281,6 +250,7 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
       if (x == it) s = slots[x];
     return s;
   };
+  using Regs = GroupRegs<RM, NW, PL, MODE>;
   Regs cur, nxt;
   // The first group's codes are in flight while the query is staged.
   if (slots[0] >= 0) load_group(cur, A, int64_t(slots[0]) * H + h, geo, lane);
@@ -323,10 +293,6 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
   __syncthreads();
 
   const float logP = logf(float(P));
-  const int bh = gid >> 1;   // head (in the pass) of this lane's estimate B column
-  const bool blo = gid & 1;  // its lo half
-  const float* wfb = wf + bh * RM;
-  const float* wcb = wc + bh * RM;
 #pragma unroll 1
   for (int it = 0; it < gpw; ++it) {
     const int j = (blockIdx.x * gpw + it) * kSuperWarps + warp;
@@ -344,26 +310,47 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
       if constexpr (kPrefetch) cur = nxt;
       continue;
     }
-    // The centroid word of this lane's row (gid < nw) as fp16 pairs.
+    // The centroid word of this lane's row (gid < nw) as fp16 pairs; the page values.
     uint32_t mo[4];
     int8x8_to_half2(cur.mw[0], cur.mw[1], mo);
-    // A fragments of the estimates: extent (H, L per code pair) and coordinates.
-    uint32_t ah[NMT][2][MODE == 0 ? 1 : KJ], al[NMT][2][MODE == 0 ? 1 : KJ];
-    uint32_t ac[NMT][2][MODE == 1 ? 1 : KJ];
+    // The page values as floats once a group where the registers allow (kPrefetch), else
+    // converted where used (4 times: once a head of a pass).
+    constexpr int KF = kPrefetch ? RM : 1;
+    float e1[PL][KF], e2[PL][MODE == 0 ? 1 : KF], cf[PL][MODE == 2 ? KF : 1], rad[PL];
 #pragma unroll
-    for (int mt = 0; mt < NMT; ++mt)
+    for (int t = 0; t < PL; ++t) {
+      rad[t] = float(cur.rad[t]);
+      if constexpr (kPrefetch) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int jj = 0; jj < KJ; ++jj) {
-          if constexpr (MODE != 0) {
-            const __half2 hv = bits_h2(int8x2_to_half2(cur.hl[mt][r][jj]));
-            const __half2 lv = bits_h2(int8x2_to_half2(cur.hl[mt][r][jj] >> 16));
-            ah[mt][r][jj] = h2_bits(__hmax2(hv, lv));
-            al[mt][r][jj] = h2_bits(__hmin2(hv, lv));
-          }
-          if constexpr (MODE != 1) ac[mt][r][jj] = int8x2_to_half2(cur.cd[mt][r][jj]);
+        for (int k = 0; k < RM; ++k) {
+          e1[t][k] = code_at(cur.ew[t], k);
+          if constexpr (MODE != 0) e2[t][k] = code_at(cur.lw[t], k);
+          if constexpr (MODE == 2) cf[t][k] = code_at(cur.cw[t], k);
         }
+      }
+    }
+    auto E1 = [&](int t, int k) {
+      if constexpr (kPrefetch)
+        return e1[t][k];
+      else
+        return code_at(cur.ew[t], k);
+    };
+    auto E2 = [&](int t, int k) {
+      if constexpr (MODE == 0)
+        return 0.0f;
+      else if constexpr (kPrefetch)
+        return e2[t][k];
+      else
+        return code_at(cur.lw[t], k);
+    };
+    auto CF = [&](int t, int k) {
+      if constexpr (MODE != 2)
+        return 0.0f;
+      else if constexpr (kPrefetch)
+        return cf[t][k];
+      else
+        return code_at(cur.cw[t], k);
+    };
     for (int c = 0; c < GP / kPass; ++c) {
       // W q (rows gid [, gid + 8]) and the centroid rows' share of M q, for heads 4 c + tig.
       float acc[MT == 1 ? 1 : 2][4] = {};
@@ -389,7 +376,7 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
       }
       const int g = kPass * c + tig;
       const float inv = invf[g];
-      float w[MT], w2 = 0.0f, mf = 0.0f, mc = 0.0f;
+      float w[MT], w2 = 0.0f;
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const float a = t == 0 ? acc[0][0] + acc[0][1] : acc[0][2] + acc[0][3];
@@ -399,123 +386,68 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
       const float qpart = MT == 1 ? acc[0][2] + acc[0][3] : acc[MT - 1][0] + acc[MT - 1][1];
       const float qM = column_sum(qpart) * inv * cur.mu_sc;
       w2 = column_sum(w2);
-      const float gq = gamma * sqrtf(fmaxf(q2[g] - w2, 0.0f)) * cur.rsc;
-      __syncwarp();  // the previous pass's B fragments are built
+      __syncwarp();  // the previous pass's readers are done with wf / qm / gq / mh
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const int k = gid + 8 * t;
-        const float f = w[t] * (MODE == 0 ? cur.csc[t] : cur.esc[t]);
-        wf[tig * RM + k] = f;
-        mf = fmaxf(mf, fabsf(f));
-        if constexpr (MODE == 2) {
-          wc[tig * RM + k] = w[t] * cur.csc[t];
-          mc = fmaxf(mc, fabsf(w[t] * cur.csc[t]));
-        }
-      }
-      mf = fmaxf(mf, __shfl_xor_sync(kFull, mf, 4));
-      mf = fmaxf(mf, __shfl_xor_sync(kFull, mf, 8));
-      mf = fmaxf(mf, __shfl_xor_sync(kFull, mf, 16));
-      if constexpr (MODE == 2) {
-        mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, 4));
-        mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, 8));
-        mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, 16));
+        wf[tig * RM + k] = w[t] * (MODE == 0 ? cur.csc[t] : cur.esc[t]);
+        if constexpr (MODE == 2) wc[tig * RM + k] = w[t] * cur.csc[t];
       }
       if (gid == 0) {
-        nf[tig] = pow2_normaliser(mf);
-        if constexpr (MODE == 2) nc[tig] = pow2_normaliser(mc);
+        qm[tig] = qM;
+        gq[tig] = gamma * sqrtf(fmaxf(q2[g] - w2, 0.0f)) * cur.rsc;
       }
       __syncwarp();
-      // The estimates' B fragments (column gid: head bh, hi / lo) and products.
-      float ext[NMT][4], cen[NMT][4];
-      {
-        const float fb = nf[bh];
+      // Each lane's pages under the 4 heads (cpu::super_score's estimates).
+      float est[kPass][PL], mx[kPass];
 #pragma unroll
-        for (int mt = 0; mt < NMT; ++mt)
+      for (int hh = 0; hh < kPass; ++hh) {
+        const float* wh = wf + hh * RM;
+        const float* ch = wc + hh * RM;
+        mx[hh] = kNegInf;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ext[mt][e] = 0.0f;
-        // Pairs of weights k0, k0 + 1 for entry pairs of the K dimension.
-        auto wpair = [&](const float* wsrc, int k0, float f, int sign) {
-          const float2 v = *reinterpret_cast<const float2*>(wsrc + k0);
-          float v0 = v.x, v1 = v.y;
-          if (sign > 0) v0 = v0 < 0.0f ? 0.0f : v0, v1 = v1 < 0.0f ? 0.0f : v1;
-          if (sign < 0) v0 = v0 > 0.0f ? 0.0f : v0, v1 = v1 > 0.0f ? 0.0f : v1;
-          return weight_pair(v0, v1, f, blo);
-        };
-        if constexpr (MODE == 0) {
-          // centroid only: [coords] x [w], entries k < RM
-          const uint32_t b0 = wpair(wfb, 2 * tig, fb, 0);
-          const uint32_t b1 = KJ == 2 ? wpair(wfb, 2 * tig + 8, fb, 0) : 0u;
+        for (int t = 0; t < PL; ++t) {
+          est[hh][t] = kNegInf;
+          if (lane + 32 * t < geo.S) {
+            const float base = qm[hh] + gq[hh] * rad[t];
+            float x = base, cen = base;
 #pragma unroll
-          for (int mt = 0; mt < NMT; ++mt)
-            MmaH::run(ext[mt], ac[mt][0][0], ac[mt][1][0], KJ == 2 ? ac[mt][0][KJ - 1] : 0u,
-                      KJ == 2 ? ac[mt][1][KJ - 1] : 0u, b0, b1);
-        } else if constexpr (KJ == 1) {
-          // one k-step: entries 0-7 the H codes (w+), 8-15 the L codes (w-)
-          const uint32_t b0 = wpair(wfb, 2 * tig, fb, 1), b1 = wpair(wfb, 2 * tig, fb, -1);
-#pragma unroll
-          for (int mt = 0; mt < NMT; ++mt)
-            MmaH::run(ext[mt], ah[mt][0][0], ah[mt][1][0], al[mt][0][0], al[mt][1][0], b0, b1);
-        } else {
-          // two k-steps: the H codes k 0-15 (w+), then the L codes (w-)
-          const uint32_t p0 = wpair(wfb, 2 * tig, fb, 1), p1 = wpair(wfb, 2 * tig + 8, fb, 1);
-          const uint32_t n0 = wpair(wfb, 2 * tig, fb, -1), n1 = wpair(wfb, 2 * tig + 8, fb, -1);
-#pragma unroll
-          for (int mt = 0; mt < NMT; ++mt) {
-            MmaH::run(ext[mt], ah[mt][0][0], ah[mt][1][0], ah[mt][0][KJ - 1], ah[mt][1][KJ - 1], p0,
-                      p1);
-            MmaH::run(ext[mt], al[mt][0][0], al[mt][1][0], al[mt][0][KJ - 1], al[mt][1][KJ - 1], n0,
-                      n1);
+            for (int k = 0; k < RM; ++k) {
+              if constexpr (MODE == 0) {
+                x = fmaf(wh[k], E1(t, k), x);
+              } else {
+                x += fmaxf(wh[k] * E1(t, k), wh[k] * E2(t, k));
+                if constexpr (MODE == 2) cen = fmaf(ch[k], CF(t, k), cen);
+              }
+            }
+            if constexpr (MODE != 2) {
+              est[hh][t] = logP + scale * x;
+            } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
+              const float a = logP + scale * cen, z = scale * x, top = fmaxf(a, z);
+              est[hh][t] = top + logf(expf(a - top) + expf(z - top));
+            }
           }
-        }
-        if constexpr (MODE == 2) {
-          const float fc = nc[bh];
-          const uint32_t b0 = wpair(wcb, 2 * tig, fc, 0);
-          const uint32_t b1 = KJ == 2 ? wpair(wcb, 2 * tig + 8, fc, 0) : 0u;
-#pragma unroll
-          for (int mt = 0; mt < NMT; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cen[mt][e] = 0.0f;
-            MmaH::run(cen[mt], ac[mt][0][0], ac[mt][1][0], KJ == 2 ? ac[mt][0][KJ - 1] : 0u,
-                      KJ == 2 ? ac[mt][1][KJ - 1] : 0u, b0, b1);
-          }
+          mx[hh] = fmaxf(mx[hh], est[hh][t]);
         }
       }
-      // Head tig's estimates of this lane's pages (16 mt + 8 r + gid) and their LSE / max.
-      const float inf_e = 1.0f / nf[tig];
-      const float inf_c = MODE == 2 ? 1.0f / nc[tig] : 0.0f;
-      float est[NMT][2], mx = kNegInf;
-#pragma unroll
-      for (int mt = 0; mt < NMT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int p = 16 * mt + 8 * r + gid;
-          const float base = qM + gq * float((cur.rad[mt] >> (8 * r)) & 0xffu);
-          const float x = base + (ext[mt][2 * r] + ext[mt][2 * r + 1]) * inf_e;
-          float v;
-          if constexpr (MODE != 2) {
-            v = logP + scale * x;
-          } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
-            const float cx = base + (cen[mt][2 * r] + cen[mt][2 * r + 1]) * inf_c;
-            const float a = logP + scale * cx, z = scale * x, top = fmaxf(a, z);
-            v = top + logf(expf(a - top) + expf(z - top));
-          }
-          est[mt][r] = p < geo.S ? v : kNegInf;
-          mx = fmaxf(mx, est[mt][r]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 16));
-      float res = mx;
+      const float ml = scatter_reduce<kPass, true>(mx, lane);  // the max of head lane / 8
+      float res = ml;
       if (lse) {
-        float sum = 0.0f;
+        if ((lane & 7) == 0) mh[lane >> 3] = ml;
+        __syncwarp();
+        float sum[kPass];
 #pragma unroll
-        for (int mt = 0; mt < NMT; ++mt)
+        for (int hh = 0; hh < kPass; ++hh) {
+          const float m = mh[hh];
+          sum[hh] = 0.0f;
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            sum += 16 * mt + 8 * r + gid < geo.S ? expf(est[mt][r] - mx) : 0.0f;
-        res = mx + logf(column_sum(sum));
+          for (int t = 0; t < PL; ++t)
+            sum[hh] += lane + 32 * t < geo.S ? expf(est[hh][t] - m) : 0.0f;
+        }
+        res = ml + logf(scatter_reduce<kPass, false>(sum, lane));
       }
-      if (gid == 0 && g < G) dst[int64_t(g) * MG] = res;
+      const int hh = lane >> 3;
+      if ((lane & 7) == 0 && kPass * c + hh < G) dst[int64_t(kPass * c + hh) * MG] = res;
     }
     if constexpr (kPrefetch) cur = nxt;
   }  // groups of the warp
@@ -528,18 +460,24 @@ void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView
   const int H = l.num_kv_heads, G = Hq / H, MG = t.max_groups_per_seq;
   const int GP = (G + kPass - 1) / kPass * kPass, KP = (l.head_dim + 31) / 32 * 32;
   const size_t smem = sizeof(uint2) * size_t(GP / kPass) * (KP / 16) * 32 +
-                      sizeof(float) * (2 * size_t(GP) + kSuperWarps * kPass * (2 * RM + 2));
+                      sizeof(float) * (2 * size_t(GP) + kSuperWarps * kPass * (2 * RM + 3));
   const int mode = !cfg.use_extent ? 0 : cfg.mix ? 2 : 1;
   // Vector loads where the rows' sizes and the arrays' addresses allow them.
-  auto aligned = [](const void* p, uintptr_t n) {
-    return p == nullptr || reinterpret_cast<uintptr_t>(p) % n == 0;
-  };
+  auto a16 = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vd = l.head_dim % 32 == 0 && a16(s.basis_q) && a16(s.mu_q);
+  const bool vr = l.rank == RM && a16(s.coord_q) && a16(s.hi_q) && a16(s.lo_q);
   const int d = l.head_dim;
-  const bool vd = d % 32 == 0 && aligned(s.basis_q, 16) && aligned(s.mu_q, 16);
-  const int a_basis = !vd ? 0 : d % 128 == 0 ? 16 : d % 64 == 0 ? 8 : 4;
-  const bool pairs16 =
-      l.rank % 2 == 0 && aligned(s.coord_q, 2) && aligned(s.hi_q, 2) && aligned(s.lo_q, 2);
-  const GroupGeom geo{d, KP, KP / 32, l.rank, l.group_pages, a_basis, vd ? 8 : 0, pairs16};
+  const GroupGeom geo{d,
+                      KP,
+                      KP / 32,
+                      l.rank,
+                      l.group_pages,
+                      vd ? (d % 128 == 0  ? 16
+                            : d % 64 == 0 ? 8
+                                          : 4)
+                         : 0,
+                      vd ? 8 : 0,
+                      vr ? RM : 0};
   // Groups a warp: about one wave of 2 blocks an SM (132 SMs assumed; only the grid shape
   // depends on it), at most kMaxGpw: the next group's loads overlap this one's work, so
   // fewer, longer warps pay the block's query staging less often.
