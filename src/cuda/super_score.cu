@@ -3,9 +3,9 @@
 // with cpu::super_score's estimates (centroid, extent or mixed; LSE or max over the pages).
 //
 // One warp per (group, KV head, sequence), gpw groups a warp, about one wave of 2 blocks an
-// SM (3 for the default shape). Per group (v25, docs/cuda_notes.md; the kernel before it held 4
-// dims a lane, summed 32 partial dots a pass by shuffles, loaded bytes one at a time and waited for
-// each group's codes: 41 us for 25 MB at Llama 1M batch 1):
+// SM. Per group (v25, docs/cuda_notes.md; the kernel before it held 4 dims a lane, summed 32
+// partial dots a pass by shuffles, loaded bytes one at a time and waited for each group's
+// codes: 41 us for 25 MB at Llama 1M batch 1):
 //  - the next group's codes are loaded into registers while this one is scored;
 //  - the query's projections on the basis rows and on the centroid (W q, M q) run on the
 //    tensor cores, 4 query heads a pass: mma.m16n8k16 with the int4 / int8 codes as fp16
@@ -205,15 +205,8 @@ __device__ __forceinline__ float code_at(const uint32_t* w, int k) {
 
 // RM: basis rows held (R <= RM, 8 or 16); NW: words of 8 dims a lane (head dim <= 32 NW);
 // PL: pages a lane (S <= 32 PL); MODE: 0 centroid, 1 extent, 2 mixed.
-// Blocks an SM the registers leave room for: 3 (24 warps, <= 80 registers, no spills) for the
-// default shape's instances (rank 8, head dim <= 128, S <= 32, centroid or extent), else 2.
 template <int RM, int NW, int PL, int MODE>
-constexpr int super_min_blocks() {
-  return RM == 8 && NW == 4 && PL == 1 && MODE != 2 ? 3 : 2;
-}
-
-template <int RM, int NW, int PL, int MODE>
-__global__ void __launch_bounds__(kSuperWarps * 32, (super_min_blocks<RM, NW, PL, MODE>()))
+__global__ void __launch_bounds__(kSuperWarps * 32, 2)
     super_score_kernel(SupArrays A, int H, GroupGeom geo, int P, const int32_t* table,
                        int64_t t_stride, int MG, const int32_t* seq_lens, int M, QIn q, int Hq,
                        float scale, bool lse, float gamma, float* out, int gpw) {
@@ -485,15 +478,12 @@ void launch_super_t(const SuperView& s, const SuperTableView& t, const BatchView
                          : 0,
                       vd ? 8 : 0,
                       vr ? RM : 0};
-  // Groups a warp: about one wave of the instance's blocks an SM (132 SMs assumed; only the
-  // grid shape depends on it), at most kMaxGpw: the next group's loads overlap this one's
-  // work, so fewer, longer warps pay the block's query staging less often.
-  const int per_sm = mode == 0   ? super_min_blocks<RM, NW, PL, 0>()
-                     : mode == 1 ? super_min_blocks<RM, NW, PL, 1>()
-                                 : super_min_blocks<RM, NW, PL, 2>();
+  // Groups a warp: about one wave of 2 blocks an SM (132 SMs assumed; only the grid shape
+  // depends on it), at most kMaxGpw: the next group's loads overlap this one's work, so
+  // fewer, longer warps pay the block's query staging less often.
   const int64_t warps = int64_t(ceil_div(MG, kSuperWarps)) * kSuperWarps * H * batch.batch_size;
   const int gpw =
-      int(std::clamp<int64_t>(ceil_div(warps, int64_t(132) * per_sm * kSuperWarps), 1, kMaxGpw));
+      int(std::clamp<int64_t>(ceil_div(warps, int64_t(132) * 2 * kSuperWarps), 1, kMaxGpw));
   const dim3 grid(unsigned(ceil_div(MG, kSuperWarps * gpw)), unsigned(H),
                   unsigned(batch.batch_size));
   auto go = [&](auto kernel) {
