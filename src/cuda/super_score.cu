@@ -6,7 +6,9 @@
 // SM. Per group (v25, docs/cuda_notes.md; the kernel before it held 4 dims a lane, summed 32
 // partial dots a pass by shuffles, loaded bytes one at a time and waited for each group's
 // codes: 41 us for 25 MB at Llama 1M batch 1):
-//  - the next group's codes are loaded into registers while this one is scored;
+//  - the next group's codes are loaded into registers while this one is scored (where the
+//    registers allow; rank 16 with 64 pages and the mixed estimate still spills ~1.5 KB), with
+//    16- / 8-byte loads where the rows and the arrays' addresses are aligned, bytes otherwise;
 //  - the query's projections on the basis rows and on the centroid (W q, M q) run on the
 //    tensor cores, 4 query heads a pass: mma.m16n8k16 with the int4 / int8 codes as fp16
 //    (exact) and the query as fp16 hi + lo columns (about 22 bits; fp32 accumulation), the
