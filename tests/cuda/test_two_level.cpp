@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <set>
 
 #include "cuda_arith.h"
@@ -418,13 +417,11 @@ struct L1Case {
 };
 
 template <typename T>
-void fill_random(T* p, size_t n, std::mt19937_64& rng, int lo, int hi) {
-  std::uniform_int_distribution<int> U(lo, hi);
-  for (size_t i = 0; i < n; ++i) p[i] = T(U(rng));
+void fill_random(T* p, size_t n, test::Rng& rng, int lo, int hi) {
+  for (size_t i = 0; i < n; ++i) p[i] = T(rng.integer(lo, hi));
 }
-void fill_scales(float* p, size_t n, std::mt19937_64& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> U(lo, hi);
-  for (size_t i = 0; i < n; ++i) p[i] = U(rng);
+void fill_scales(float* p, size_t n, test::Rng& rng, float lo, float hi) {
+  for (size_t i = 0; i < n; ++i) p[i] = rng.uniform(lo, hi);
 }
 
 void run_level1(const L1Case& c, uint64_t seed) {
@@ -439,7 +436,7 @@ void run_level1(const L1Case& c, uint64_t seed) {
   l.rank = R;
   l.extent = c.extent;
   GpuSupers sup(l);
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   {
     const SuperView v = sup.host.view();
     const size_t gh = size_t(l.num_slots) * c.Hkv;
@@ -478,9 +475,9 @@ void run_level1(const L1Case& c, uint64_t seed) {
   const std::vector<int32_t> lens = {S * P * 7 + 3 * P + 5, S * P * 3, P * 2 + 1};
   const int M = S * 8 + 1, MG = (M + S - 1) / S;
   std::vector<int32_t> table(size_t(B) * MG, -1), bt(size_t(B) * M, 0);
-  std::uniform_int_distribution<int> slot(0, int(l.num_slots) - 1);
   for (int b = 0; b < B; ++b)
-    for (int j = 0; j < lens[b] / P / S; ++j) table[size_t(b) * MG + j] = slot(rng);
+    for (int j = 0; j < lens[b] / P / S; ++j)
+      table[size_t(b) * MG + j] = rng.integer(0, int(l.num_slots) - 1);
   DevBuf<int32_t> dtable(table), dlens(lens), dbt(bt);
   const BatchView hb{bt.data(), M, lens.data(), B, M}, db{dbt.p, M, dlens.p, B, M};
   const SuperTableView htv{table.data(), MG, MG}, dtv{dtable.p, MG, MG};
