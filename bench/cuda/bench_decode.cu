@@ -9,7 +9,8 @@
 //                         [--select-cluster -1|1|2|4|8|16]
 //   --only runs one row, any context and batch (the first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
-//       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--only M CONTEXT BATCH]
+//       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--group-cluster 0|1|2|4|8]
+//                        [--only M CONTEXT BATCH]
 //   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
 //   dense in the same run, per stage, at budgets 512 and 2048 (rows: Llama-3.1-8B 1M b1,
 //   GLM-4-9B 1M b1, Llama-3.1-8B 128K b8). The super summaries hold random codes filled on
@@ -166,6 +167,7 @@ struct Opts {
   double alpha = 32.0;                    // --alpha
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
+  int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   double ceiling = 4.4;
   FILE* csv = nullptr;
@@ -468,6 +470,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   p.super = U;
   p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
   p.select_cluster = o.select_cluster;
+  p.group_cluster = o.group_cluster;
   const DecodePlan plan = cuda::plan_decode(p);
   void* wsp;
   CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));
@@ -565,6 +568,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
     if (std::strcmp(argv[i], "--two-level") == 0) o.two_level = true;
     if (std::strcmp(argv[i], "--S") == 0 && i + 1 < argc) o.group_pages = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--group-cluster") == 0 && i + 1 < argc)
+      o.group_cluster = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--alpha") == 0 && i + 1 < argc) o.alpha = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
       o.score_chunk = std::atoi(argv[i + 1]);

@@ -41,6 +41,9 @@ struct DecodeParams {
   bool two_level = false;
   TwoLevelConfig two;
   SuperLayout super;
+  // CUDA: blocks of the group choice's thread-block cluster per (sequence, KV head): 0 = the
+  // plan's rule, 1, 2, 4 or 8 to force one (the same list for every size).
+  int group_cluster = 0;
 };
 
 DecodeShape decode_shape(const DecodeParams& p);
@@ -88,7 +91,7 @@ struct DecodePlan {
   // [B, Hkv, list_cap] i32, list_blocks [B, Hkv, list_cap] i32 (the listed pages' block
   // ids), list_lens [B] i32. Level 2 reuses head_scores, chunk_lse, group_scores and the
   // candidates ([B, Hq, list_cap] etc.: list_cap <= max_blocks_per_seq).
-  int list_cap = 0, max_groups = 0;
+  int list_cap = 0, max_groups = 0, group_cluster = 0;
   int l2_score_chunk_pages = 0, l2_select_chunks = 0, l2_select_chunk_pages = 0,
       l2_select_cluster = 0;
   WorkspaceRegion super_scores, page_map, list_blocks, list_lens;
@@ -99,10 +102,11 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5306;  // "LOCKS" v6 (v2: tau, floor_pages;
+  static constexpr int64_t kTag = 0x4c4f434b5307;  // "LOCKS" v7 (v2: tau, floor_pages;
                                                    // v3: basis_group; v4: select_cluster;
                                                    // v5: two-level step, 96 ints;
-                                                   // v6: select.dense_below)
+                                                   // v6: select.dense_below;
+                                                   // v7: group_cluster)
   static constexpr size_t kNumInts = 96;
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent

@@ -232,15 +232,19 @@ namespace cuda {
 // what it can see: shapes, configs, null pointers; device arrays are trusted like a kernel's
 // inputs, an invalid length lists no page). super_score: one warp per (sequence, KV head,
 // group), the group's codes read once for its G query heads; ranks up to 32.
-// select_groups_list: one block per (sequence, KV head); max_groups_per_seq up to ~32K
-// (the scores and flags of a row in 160 KB of shared memory).
+// select_groups_list: a thread-block cluster of 1-8 blocks per (sequence, KV head), each over
+// a span of <= 4096 groups, so max_groups_per_seq up to 32768; cluster 0 = the plan's rule
+// (DecodeParams::group_cluster), 1, 2, 4 or 8 to force one: the list is the same bits for
+// every size. list_blocks (nullable): [batch, num_kv_heads, list_cap] int32, the listed
+// pages' block ids (-1 where the map is -1), the level-2 step's per-head block table.
 void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
                  const QueryView& q, float scale, const TwoLevelConfig& cfg,
                  float* group_head_scores, cudaStream_t stream);
 void select_groups_list(const float* group_head_scores, const SuperTableView& table,
                         const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                         int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
-                        int list_cap, int32_t* page_map, int32_t* list_lens, cudaStream_t stream);
+                        int list_cap, int32_t* page_map, int32_t* list_lens, cudaStream_t stream,
+                        int32_t* list_blocks = nullptr, int cluster = 0);
 }  // namespace cuda
 
 namespace ref {

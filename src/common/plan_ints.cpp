@@ -43,10 +43,12 @@ void fields(Plan& p, F&& f) {
     f(r->offset), f(r->bytes);
   // v6: the minimum context.
   f(p.params.select.dense_below);
+  // v7: the group choice's cluster size.
+  f(p.params.group_cluster), f(p.group_cluster);
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1;
+constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1 + 2;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -137,7 +139,10 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
             q.super.head_dim == q.cache.head_dim &&
             p.list_cap == two_level_list_capacity(q.two, q.select, q.cache.page_size,
                                                   q.super.group_pages, q.max_blocks_per_seq) &&
-            p.max_groups == (q.max_blocks_per_seq + q.super.group_pages - 1) / q.super.group_pages,
+            p.max_groups ==
+                (q.max_blocks_per_seq + q.super.group_pages - 1) / q.super.group_pages &&
+            p.group_cluster >= 0 && p.group_cluster <= 8 &&
+            (p.group_cluster & (p.group_cluster - 1)) == 0,
         "inconsistent two-level fields in the plan vector");
     for (const WorkspaceRegion* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
       LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&

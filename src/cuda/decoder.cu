@@ -153,6 +153,8 @@ DecodePlan plan_decode(const DecodeParams& params) {
                   " groups a sequence, more than the group choice holds (",
                   detail::max_list_groups(), ")");
     detail::prepare_super_kernels();
+    plan.group_cluster =
+        detail::group_cluster_size(plan.max_groups, int64_t(B) * Hkv, sms, p.group_cluster);
     plan.l2_score_chunk_pages =
         !detail::score_uses_tensor_cores(p.summary, G) ? detail::kScoreChunk
         : p.score_chunk_pages                          ? p.score_chunk_pages
@@ -301,6 +303,9 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
                 plan.capacity);
   const DecodeParams& p = plan.params;
   locks::detail::check_run_super(plan, supers.layout, super_table, __func__);
+  LOCKS_REQUIRE(detail::group_cluster_holds(plan.group_cluster, plan.max_groups),
+                "decode_two_level: the plan's group_cluster ", plan.group_cluster,
+                " cannot hold its ", plan.max_groups, " groups a sequence (plan it on CUDA)");
   const SuperLayout& U = supers.layout;
   LOCKS_REQUIRE(supers.mu_q && supers.mu_scale && supers.basis_q && supers.basis_scale &&
                     supers.coord_q && supers.coord_scale && supers.radius_q &&
@@ -320,7 +325,7 @@ void decode_two_level_stages(const DecodePlan& plan, Workspace ws, const KvCache
   if (stages < 2) return;
   // 2. Group choice: the page list and the listed pages' block ids.
   detail::launch_select_groups_list(gh, plan.max_groups, batch, Hq, Hkv, P, S, p.select, p.two, Lc,
-                                    map, llen, lblk, st);
+                                    plan.group_cluster, map, llen, lblk, st);
   if (stages < 3) return;
   // 3. Level 2: the page scorer over list positions (per-head block table, list lengths).
   const BatchView lb{lblk, int64_t(Hkv) * Lc, llen, B, Lc};

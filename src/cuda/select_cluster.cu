@@ -16,6 +16,7 @@
 
 #include "aggregate_common.cuh"
 #include "cluster_push.cuh"
+#include "cluster_radix.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
 #include "select_common.cuh"
@@ -27,17 +28,12 @@ namespace {
 
 constexpr int kHeadGroups = kThreads / 128;  // heads whose LSE a block reduces at once
 
-// Receive buffers of the pushed exchanges (cluster_push.cuh), one mbarrier each, each used
-// once: the four radix passes' summed counts, the head LSEs, the candidate counts.
-enum PushBar { kBarPass0, kBarLse = 4, kBarCounts, kNumBars };
-
+// The head LSEs' receive buffer and barrier (the radix exchanges: cluster_radix.cuh).
 struct ClusterSmem {
   uint32_t keys[kSelectChunk];
-  uint64_t bar[kNumBars];
-  uint32_t hist[256];    // this block's digit counts of the current pass
-  uint32_t sum[4][256];  // the cluster's, a buffer a pass, summed by the peers' pushes
-  uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
-  float lse[kMaxGroup];                // every head's LSE, pushed by the block that reduced it
+  uint64_t lse_bar;
+  ClusterRadix radix;
+  float lse[kMaxGroup];  // every head's LSE, pushed by the block that reduced it
   float part_m[kHeadGroups][4], part_l[kHeadGroups][4];
 };
 
@@ -72,11 +68,11 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   // values in place instead.
   const bool solo = n_ranks == 1;
 
+  cluster_radix_init(cs.radix);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kNumBars; ++i) push_barrier_init(&cs.bar[i]);
+    push_barrier_init(&cs.lse_bar);
     push_barrier_fence_init();
   }
-  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cs.sum[i / 256][i % 256] = 0;
   __syncthreads();
   cluster.barrier_arrive();  // inits and cleared buffers published; waited for before any push
 
@@ -86,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   if constexpr (kFused) {
     // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
     // order) and pushes each to every block.
-    if (threadIdx.x == 0 && !solo) push_expect(&cs.bar[kBarLse], uint32_t(G) * 4u);
+    if (threadIdx.x == 0 && !solo) push_expect(&cs.lse_bar, uint32_t(G) * 4u);
     // The head scores of this thread's first two pages are loaded now, in flight while the
     // LSEs are reduced and exchanged (at G <= 8 the registers allow it; 16 and 32 load later).
     const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
@@ -115,12 +111,12 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
           cs.lse[g] = v;
         else
           push_store(peer(cluster, reinterpret_cast<uint32_t*>(&cs.lse[g]), t), __float_as_uint(v),
-                     peer(cluster, &cs.bar[kBarLse], t));
+                     peer(cluster, &cs.lse_bar, t));
       }
       __syncthreads();
     }
     if (!waited) cluster.barrier_wait();
-    if (!solo) push_wait(&cs.bar[kBarLse], 0);
+    if (!solo) push_wait(&cs.lse_bar, 0);
 
     // 2. Group scores of this block's pages, written out and kept as keys for the
     // candidates; two pages a thread at a time, both pages' loads in flight together.
@@ -182,38 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   const bool take_all = n_cand <= slots;
   uint32_t T = 0;
   int need_eq = 0;
-  if (!take_all) {
-    uint32_t prefix = 0, mask = 0;
-    int remaining = slots;
-    for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += kThreads) cs.hist[i] = 0;
-      if (threadIdx.x == 0 && !solo)
-        push_expect(&cs.bar[kBarPass0 + pass], uint32_t(n_ranks) * 256u * 4u);
-      __syncthreads();
-      count_digits(key_of, n, prefix, mask, shift, cs.hist);
-      __syncthreads();
-      // Thread t pushes bin t % 256 to the blocks t / 256, t / 256 + 2, ...
-      if (!solo) {
-        const int bin = int(threadIdx.x) % 256;
-        const uint32_t c = cs.hist[bin];
-        for (int q = int(threadIdx.x) / 256; q < n_ranks; q += kThreads / 256)
-          push_add(peer(cluster, &cs.sum[pass][bin], q), c,
-                   peer(cluster, &cs.bar[kBarPass0 + pass], q));
-        push_wait(&cs.bar[kBarPass0 + pass], 0);
-      }
-      find_digit(solo ? cs.hist : cs.sum[pass], remaining, sm);
-      __syncthreads();
-      prefix |= sm.digit << shift;
-      mask |= 255u << shift;
-      remaining = sm.remaining;
-      // Every block summed the same counts: the stop is cluster-uniform (Threshold::bound).
-      const bool stop = sm.whole;
-      __syncthreads();
-      if (stop) break;
-    }
-    T = prefix;
-    need_eq = remaining;
-  }
+  if (!take_all) cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, T, need_eq);
 
   // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (each block pushes
   // its count to every block).
@@ -224,19 +189,11 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   }
   uint32_t pre, agg;
   Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
-  if (threadIdx.x == 0 && !solo) push_expect(&cs.bar[kBarCounts], uint32_t(n_ranks) * 4u);
-  if (int(threadIdx.x) < n_ranks && !solo)  // thread q pushes this block's count to block q
-    push_store(peer(cluster, &cs.packed[rank], int(threadIdx.x)), agg,
-               peer(cluster, &cs.bar[kBarCounts], int(threadIdx.x)));
-  cluster_wait();  // (the relaxed arrive above: long since met)
-  if (!solo) push_wait(&cs.bar[kBarCounts], 0);
+  cluster_wait();                             // (the relaxed arrive above: long since met)
+  uint32_t gt0, eq0;
+  cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
   cluster_arrive_relaxed();  // every push addressed to this block has landed
-  uint32_t gt0 = 0, eq0 = 0;
-  for (int q = 0; q < rank; ++q) {
-    gt0 += cs.packed[q] & 0xffffu;
-    eq0 += cs.packed[q] >> 16;
-  }
-  __syncthreads();  // Scan storage reuse
+  __syncthreads();           // Scan storage reuse
   compact(
       key_of, n, take_all, T, need_eq, sm, [&](int e, int pos) { out[r.sink_end + pos] = lo + e; },
       gt0, eq0);

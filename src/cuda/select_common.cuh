@@ -133,23 +133,20 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
   need_eq = remaining;
 }
 
-// Block-wide stable compaction: emit(e, pos) for the top-m elements in index order.
-// take_all: every valid element.
-// gt0 / eq0: the elements > T / == T before this block's first one (the cluster kernel's
-// lower-ranked blocks); the emitted positions count them, the returned count does not.
-template <typename KeyFn, typename EmitFn>
-__device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_eq, SelectSmem& sm,
-                       EmitFn emit, uint32_t gt0 = 0, uint32_t eq0 = 0) {
+// Block-wide stable compaction over flags: flags_of(e, gt, eq) for e < n; emit(e, pos) for
+// every element with gt and for the first need_eq with eq, in index order, pos its place
+// among them. gt0 / eq0: the elements with gt / eq before this block's first one (the cluster
+// kernels' lower-ranked blocks); the emitted positions count them, the returned count does not.
+template <typename FlagFn, typename EmitFn>
+__device__ int compact_flags(FlagFn flags_of, int n, int need_eq, SelectSmem& sm, EmitFn emit,
+                             uint32_t gt0 = 0, uint32_t eq0 = 0) {
   uint32_t gt_base = gt0, eq_base = eq0;
   for (int base = 0; base < n; base += kThreads) {
     const int e = base + threadIdx.x;
-    bool valid = false;
-    uint32_t k = 0;
-    if (e < n) k = key_of(e, valid);
-    const uint32_t gt = valid && (take_all || k > T);
-    const uint32_t eq = valid && !take_all && k == T;
+    bool gt = false, eq = false;
+    if (e < n) flags_of(e, gt, eq);
     uint32_t pre, agg;
-    Scan(sm.scan).ExclusiveSum(gt | (eq << 16), pre, agg);
+    Scan(sm.scan).ExclusiveSum(uint32_t(gt) | (uint32_t(eq) << 16), pre, agg);
     const uint32_t gt_before = gt_base + (pre & 0xffffu), eq_before = eq_base + (pre >> 16);
     if (gt || (eq && eq_before < uint32_t(need_eq)))
       emit(e, int(gt_before + min(eq_before, uint32_t(need_eq))));
@@ -157,8 +154,21 @@ __device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_
     eq_base += agg >> 16;
     __syncthreads();  // TempStorage reuse
   }
-  return int(gt_base - gt0 +
-             (take_all ? 0u : min(eq_base, uint32_t(need_eq)) - min(eq0, uint32_t(need_eq))));
+  return int(gt_base - gt0 + min(eq_base, uint32_t(need_eq)) - min(eq0, uint32_t(need_eq)));
+}
+
+// compact_flags for the top-m split of keys (T, need_eq from radix_threshold): > T, then == T
+// up to need_eq. take_all: every valid element.
+template <typename KeyFn, typename EmitFn>
+__device__ int compact(KeyFn key_of, int n, bool take_all, uint32_t T, int need_eq, SelectSmem& sm,
+                       EmitFn emit, uint32_t gt0 = 0, uint32_t eq0 = 0) {
+  auto flags_of = [&](int e, bool& gt, bool& eq) {
+    bool valid;
+    const uint32_t k = key_of(e, valid);
+    gt = valid && (take_all || k > T);
+    eq = valid && !take_all && k == T;
+  };
+  return compact_flags(flags_of, n, take_all ? 0 : need_eq, sm, emit, gt0, eq0);
 }
 
 // float_key's inverse: the score a key was made from.

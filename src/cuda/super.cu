@@ -1,28 +1,35 @@
 // The two-level step's group choice (super_summary.h, decode_two_level in decoder.cu; level 1
 // is super_score.cu):
-//   select_groups_list: the group choice as a page list, one block per (sequence, KV head):
-//     share-averaging over the G heads, the m best non-forced groups by the radix threshold
-//     and stable compaction of select_common.cuh (ties to the lower index), then the list
-//     of the kept groups' pages (ascending) and the open group; optionally the listed
-//     pages' block ids (the level-2 scorer's per-head block table);
+//   select_groups_list: the group choice as a page list, a thread-block cluster of 1-8 blocks
+//     per (sequence, KV head), each over a span of the row's groups (one block held a whole
+//     row until v26: 21 us at 1M batch 1 on 8 of 132 SMs): share-averaging over the G heads,
+//     the m best non-forced groups by the cluster radix threshold (cluster_radix.cuh) and
+//     stable compaction (ties to the lower index), then the list of the kept groups' pages
+//     (ascending) and the open group; optionally the listed pages' block ids (the level-2
+//     scorer's per-head block table);
 //   map_positions: the selection over list positions back to logical pages.
 // The rules (forced groups, kept count, fallbacks) restate super_layout.cpp's on the device.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 
+#include "cluster_push.cuh"
+#include "cluster_radix.cuh"
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/error.h"
 #include "locks/rules.h"
 #include "locks/super_summary.h"
-#include "ptx.cuh"
 #include "select_common.cuh"
 #include "super.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace locks::cuda::detail {
 namespace {
 
-constexpr int kListSmemMax = 160 * 1024;
+constexpr int kMaxGroupCluster = 8;  // blocks a row of the group choice (portable clusters)
 
 // The rules of super_layout.cpp for one sequence, on the device.
 struct ListRules {
@@ -54,158 +61,208 @@ __device__ ListRules list_rules(int raw_len, int P, int S, int M, const SelectCo
   return r;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    select_groups_list_kernel(const float* __restrict__ gh, int MG, const int32_t* seq_lens, int M,
-                              const int32_t* block_table, int64_t bt_stride, int Hq, int H, int P,
-                              int S, SelectConfig sel, TwoLevelConfig cfg, int L, int32_t* page_map,
-                              int32_t* list_lens, int32_t* list_blocks) {
+// Groups a slice: the unit of the head LSE partials. Each slice's (max, sum) per head is
+// reduced in a fixed order and the slices are merged in index order, so the LSEs, the group
+// scores and the list are the same bits for every cluster size.
+constexpr int kSlice = 256;
+constexpr int kSlicesPerPass = kThreads / kSlice;
+constexpr int kSpanMax = 4096;  // groups a block holds (keys and kept offsets in shared memory)
+
+struct ChoiceArgs {
+  const float* gh;  // [B, Hq, MG] level-1 scores
+  int MG, M, Hq, P, S, L, slices_per_block;
+  const int32_t* seq_lens;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  SelectConfig sel;
+  TwoLevelConfig cfg;
+  int32_t* page_map;     // [B, H, L]
+  int32_t* list_lens;    // [B]
+  int32_t* list_blocks;  // [B, H, L] or null
+};
+
+template <int kG>
+struct ChoiceSmem {
+  uint32_t keys[kSpanMax];  // this block's share-averaged group scores as keys
+  uint16_t kept[kSpanMax];  // this block's kept groups (offsets from its first), in order
+  uint64_t lse_bar;
+  ClusterRadix radix;
+  float2 wpart[kThreads / 32][kG];  // a warp's (max, sum) per head of the current slices
+  float lse[kG];
+};
+
+// The group choice of one (sequence, KV head) over a cluster of blocks (1-8): block c owns
+// the slices [c spb, (c + 1) spb) of the row's complete groups. Each block: its slices' head
+// LSE partials, pushed to every block (dynamic shared memory, [slices][G] float2); the heads'
+// LSEs; its groups' share-averaged scores a_j = log((1/G) sum_h exp(s_hj - LSE_h)) as keys;
+// the m best non-forced groups of the row by the cluster radix threshold (ties to the lower
+// index); the kept groups' list positions (the forced ones and those above / at the
+// threshold, offset by the lower-ranked blocks' counts); their pages, written by the block.
+// The open group's pages, the -1 padding and a fallback's list are spread over the cluster.
+template <int kG>
+__global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a) {
   __shared__ SelectSmem sm;
-  extern __shared__ float4 dyn[];
-  float* a = reinterpret_cast<float*>(dyn);  // [MG] share-averaged scores
-  float* lse = a + MG;                       // [G]
-  __shared__ float part[2 * kMaxGroup];      // (max, sum) of a head's LSE per warp of the head
-  uint32_t* eq_w = reinterpret_cast<uint32_t*>(lse + kMaxGroup);        // [MG / 32] ties at T
-  uint32_t* kept_w = eq_w + (MG + 31) / 32;                             // [MG / 32] kept groups
-  uint32_t* rank_w = kept_w + (MG + 31) / 32;                           // [MG / 32] word ranks
-  uint8_t* keep = reinterpret_cast<uint8_t*>(rank_w + (MG + 31) / 32);  // [MG] forced
-  const int h = blockIdx.x, b = blockIdx.y, G = Hq / H;
+  __shared__ ChoiceSmem<kG> cs;
+  extern __shared__ float2 part[];  // [n_slices][G] (max, sum)
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
+  const bool solo = n_ranks == 1;
+  const int h = blockIdx.y, b = blockIdx.z, H = gridDim.y, G = a.Hq / H;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  cluster_radix_init(cs.radix);
+  if (tid == 0) {
+    push_barrier_init(&cs.lse_bar);
+    push_barrier_fence_init();
+  }
+  __syncthreads();
+  cluster.barrier_arrive();  // inits published; waited for before any push
+
   const int64_t row = int64_t(b) * H + h;
-  int32_t* map = page_map + row * L;
-  int32_t* blk = list_blocks ? list_blocks + row * L : nullptr;
-  const int32_t* bt = block_table ? block_table + int64_t(b) * bt_stride : nullptr;
-  const ListRules r = list_rules(seq_lens[b], P, S, M, sel, cfg);
+  int32_t* map = a.page_map + row * a.L;
+  int32_t* blk = a.list_blocks ? a.list_blocks + row * a.L : nullptr;
+  const int32_t* bt = a.block_table ? a.block_table + int64_t(b) * a.bt_stride : nullptr;
+  const ListRules r = list_rules(a.seq_lens[b], a.P, a.S, a.M, a.sel, a.cfg);
   auto put = [&](int i, int page) {
     map[i] = page;
     if (blk) blk[i] = bt[page];
   };
+  const int S = a.S, stride = n_ranks * kThreads, first = rank * kThreads + tid;
   int listed;
   if (r.m < 0) {  // fallback: every page (none for an invalid length or a list too short)
-    listed = r.n_pages <= L ? r.n_pages : 0;
-    for (int i = threadIdx.x; i < listed; i += kThreads) put(i, i);
+    cluster.barrier_wait();
+    listed = r.n_pages <= a.L ? r.n_pages : 0;
+    for (int i = first; i < listed; i += stride) put(i, i);
   } else {
-    const float* s0 = gh + (int64_t(b) * Hq + int64_t(h) * G) * MG;
-    // Each head's log-sum-exp over the complete groups: W = 16 / G warps a head (one when
-    // G > 16), online (max, sum) per lane, merged across the lanes, then the head's warps.
-    const int nw = kThreads / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int W = max(1, nw / G);
-    for (int g = warp / W; g < G; g += nw / W) {
-      const float* s = s0 + int64_t(g) * MG;
+    // 1. Head LSE partials of this block's slices: lane values of a head reduced per warp
+    // (max, then the sum of exp), the slice's 8 warps merged in order by thread (slice, head),
+    // which pushes the partial to every block.
+    const int n_sl = (r.C + kSlice - 1) / kSlice;
+    const int sl_begin = min(rank * a.slices_per_block, n_sl);
+    const int sl_end = min(sl_begin + a.slices_per_block, n_sl);
+    const int j0 = sl_begin * kSlice, n_local = max(min(r.C, sl_end * kSlice) - j0, 0);
+    const float* s0 = a.gh + (int64_t(b) * a.Hq + int64_t(h) * G) * a.MG;
+    if (tid == 0 && !solo) push_expect(&cs.lse_bar, uint32_t(n_sl * G) * 8u);
+    cluster.barrier_wait();
+    float x0[kG];  // the first pass's scores, kept for the group scores
+    for (int sl0 = sl_begin; sl0 < sl_end; sl0 += kSlicesPerPass) {
+      const int j = sl0 * kSlice + tid;
+      float x[kG];
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+        x[g] = g < G && j < j0 + n_local ? s0[int64_t(g) * a.MG + j] : kNegInf;
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        if (sl0 == sl_begin) x0[g] = x[g];
+        if (g >= G) continue;
+        const float m = warp_max(x[g]);
+        const float l = warp_sum(m == kNegInf || x[g] == kNegInf ? 0.0f : __expf(x[g] - m));
+        if (lane == 0) cs.wpart[warp][g] = make_float2(m, l);
+      }
+      __syncthreads();
+      for (int i = tid; i < kSlicesPerPass * G; i += kThreads) {
+        const int sub = i / G, g = i % G, sl = sl0 + sub;
+        if (sl >= sl_end) continue;
+        float m = kNegInf, l = 0.0f;
+        for (int w = 0; w < kSlice / 32; ++w) {
+          const float2 p = cs.wpart[sub * (kSlice / 32) + w][g];
+          lse_merge(m, l, p.x, p.y);
+        }
+        float2* dst = &part[sl * G + g];
+        if (solo) {
+          *dst = make_float2(m, l);
+        } else {
+          uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+          for (int q = 0; q < n_ranks; ++q) {
+            uint64_t* bar = peer(cluster, &cs.lse_bar, q);
+            push_store(peer(cluster, d, q), __float_as_uint(m), bar);
+            push_store(peer(cluster, d + 1, q), __float_as_uint(l), bar);
+          }
+        }
+      }
+      __syncthreads();  // wpart reuse
+    }
+    if (!solo)
+      push_wait(&cs.lse_bar, 0);
+    else
+      __syncthreads();
+    // 2. Each head's LSE over the slices in index order.
+    for (int g = tid; g < G; g += kThreads) {
       float m = kNegInf, l = 0.0f;
-      // Eight independent loads in flight per lane (a plain loop waited on each: the
-      // L2 latency times C / 32 W was most of this kernel's time at G 16).
-      for (int j0 = (warp % W) * 32 + lane; j0 < r.C; j0 += 8 * 32 * W) {
-        float x[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int jj = j0 + u * 32 * W;
-          x[u] = jj < r.C ? s[jj] : kNegInf;
-        }
-        float bm = x[0];
-#pragma unroll
-        for (int u = 1; u < 8; ++u) bm = fmaxf(bm, x[u]);
-        if (bm != kNegInf) {
-          float bl = 0.0f;
-#pragma unroll
-          for (int u = 0; u < 8; ++u) bl += x[u] == kNegInf ? 0.0f : expf(x[u] - bm);
-          lse_merge(m, l, bm, bl);
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(kFull, m, o), l2 = __shfl_xor_sync(kFull, l, o);
-        lse_merge(m, l, m2, l2);
-      }
-      if (lane == 0) {
-        part[2 * (g * W + warp % W)] = m;
-        part[2 * (g * W + warp % W) + 1] = l;
-      }
+      for (int sl = 0; sl < n_sl; ++sl) lse_merge(m, l, part[sl * G + g].x, part[sl * G + g].y);
+      cs.lse[g] = m == kNegInf ? kNegInf : m + logf(l);
     }
     __syncthreads();
-    for (int g = threadIdx.x; g < G; g += kThreads) {
-      float m = kNegInf, l = 0.0f;
-      for (int w = 0; w < W; ++w) lse_merge(m, l, part[2 * (g * W + w)], part[2 * (g * W + w) + 1]);
-      lse[g] = m == kNegInf ? kNegInf : m + logf(l);
-    }
-    __syncthreads();
-    // a_j = log((1/G) sum_h exp(s_hj - LSE_h)) (score.h's rule on groups).
+    // 3. This block's group scores as keys (the first pass's scores still in registers).
     const float log_g = logf(float(G));
-    for (int j = threadIdx.x; j < r.C; j += kThreads) {
-      // The G heads' scores of group j, loaded together (independent loads).
-      float x[kMaxGroup];
+    for (int sl0 = sl_begin; sl0 < sl_end; sl0 += kSlicesPerPass) {
+      const int e = (sl0 - sl_begin) * kSlice + tid;
+      if (e >= n_local) continue;
+      float x[kG];
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g)
-        x[g] = g < G && lse[g] != kNegInf ? s0[int64_t(g) * MG + j] - lse[g] : kNegInf;
+      for (int g = 0; g < kG; ++g) {
+        const float v =
+            sl0 == sl_begin ? x0[g] : (g < G ? s0[int64_t(g) * a.MG + j0 + e] : kNegInf);
+        x[g] = g < G && cs.lse[g] != kNegInf ? v - cs.lse[g] : kNegInf;
+      }
       float mx = kNegInf;
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) mx = fmaxf(mx, x[g]);
+      for (int g = 0; g < kG; ++g) mx = fmaxf(mx, x[g]);
       float t = 0.0f;
       if (mx != kNegInf)
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) t += x[g] == kNegInf ? 0.0f : expf(x[g] - mx);
-      a[j] = mx == kNegInf ? kNegInf : mx + logf(t) - log_g;
-      keep[j] = j < r.first_end || j >= r.recent_begin;
+        for (int g = 0; g < kG; ++g) t += x[g] == kNegInf ? 0.0f : expf(x[g] - mx);
+      cs.keys[e] = float_key(mx == kNegInf ? kNegInf : mx + logf(t) - log_g);
     }
     __syncthreads();
-    // The m best non-forced groups (ties to the lower index).
+    // 4. The m best non-forced groups of the row.
+    auto forced = [&](int e) { return j0 + e < r.first_end || j0 + e >= r.recent_begin; };
     auto key_of = [&](int e, bool& valid) {
-      valid = e < r.C && !keep[e];
-      return valid ? float_key(a[e]) : 0u;
+      valid = !forced(e);
+      return cs.keys[e];
     };
     uint32_t T;
     int need_eq;
-    radix_threshold(key_of, r.C, r.m, sm, T, need_eq);
-    // The kept set as one bit a group, 32 groups a word (ballots), and the ranks from two
-    // block scans over the words: the ties at T kept in index order up to need_eq, then the
-    // kept groups' list order. (Two block compactions over 512-group chunks took 8 scans.)
-    const int nwords = (r.C + 31) / 32;
-    const uint32_t lt = (1u << lane) - 1u;
-    for (int w = warp; w < nwords; w += kThreads / 32) {
-      bool valid;
-      const int e = w * 32 + lane;
-      const uint32_t k = key_of(e, valid);
-      const uint32_t eqm = __ballot_sync(kFull, valid && k == T);
-      const uint32_t gtm = __ballot_sync(kFull, (valid && k > T) || (e < r.C && keep[e]));
-      if (lane == 0) eq_w[w] = eqm, kept_w[w] = gtm;
-    }
-    __syncthreads();
-    auto scan_words = [&](const uint32_t* words) {  // exclusive prefix of popc into rank_w
-      uint32_t carry = 0;
-      for (int base = 0; base < nwords; base += kThreads) {
-        const int w = base + threadIdx.x;
-        const uint32_t x = w < nwords ? uint32_t(__popc(words[w])) : 0u;
-        uint32_t pre, agg;
-        Scan(sm.scan).ExclusiveSum(x, pre, agg);
-        if (w < nwords) rank_w[w] = carry + pre;
-        carry += agg;
-        __syncthreads();
-      }
+    cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix, T, need_eq);
+    // 5. The kept groups' positions: forced or above T, then the ties at T in index order.
+    auto flags_of = [&](int e, bool& gt, bool& eq) {
+      const bool f = forced(e);
+      const uint32_t k = cs.keys[e];
+      gt = f || k > T;
+      eq = !f && k == T;
     };
-    scan_words(eq_w);
-    for (int w = warp; w < nwords; w += kThreads / 32) {
-      const uint32_t eqm = eq_w[w];
-      const bool take = (eqm >> lane & 1u) && rank_w[w] + __popc(eqm & lt) < uint32_t(need_eq);
-      const uint32_t tm = __ballot_sync(kFull, take);
-      if (lane == 0) kept_w[w] |= tm;
+    uint32_t own = 0;
+    for (int e = tid; e < n_local; e += kThreads) {
+      bool gt, eq;
+      flags_of(e, gt, eq);
+      own += gt ? 1u : (eq ? 1u << 16 : 0u);
     }
+    uint32_t pre, agg;
+    Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
+    uint32_t gt0, eq0;
+    cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
+    __syncthreads();  // Scan storage reuse
+    const uint32_t off = gt0 + min(eq0, uint32_t(need_eq));
+    const int n_kept = compact_flags(
+        flags_of, n_local, need_eq, sm,
+        [&](int e, int pos) { cs.kept[pos - int(off)] = uint16_t(e); }, gt0, eq0);
     __syncthreads();
-    scan_words(kept_w);
-    // a[] is free now: the kept groups in order, then every thread writes pages.
-    int32_t* grp = reinterpret_cast<int32_t*>(a);
-    for (int w = warp; w < nwords; w += kThreads / 32) {
-      const uint32_t km = kept_w[w];
-      if (km >> lane & 1u) grp[rank_w[w] + __popc(km & lt)] = w * 32 + lane;
-    }
-    __syncthreads();
+    // 6. Pages: this block's kept groups (ascending), then the open group's, spread.
+    for (int i = tid; i < n_kept * S; i += kThreads)
+      put(int(off) * S + i, (j0 + cs.kept[i / S]) * S + i % S);
     const int base = (r.m + r.F) * S;
-    for (int i = threadIdx.x; i < base; i += kThreads) put(i, grp[i / S] * S + i % S);
-    for (int i = threadIdx.x; i < r.n_pages - r.C * S; i += kThreads) put(base + i, r.C * S + i);
+    for (int i = first; i < r.n_pages - r.C * S; i += stride) put(base + i, r.C * S + i);
     listed = base + r.n_pages - r.C * S;
   }
-  for (int i = listed + threadIdx.x; i < L; i += kThreads) {
+  for (int i = listed + first; i < a.L; i += stride) {
     map[i] = -1;
     if (blk) blk[i] = -1;
   }
-  if (h == 0 && threadIdx.x == 0) list_lens[b] = listed == 0 ? 0 : r.len - (r.n_pages - listed) * P;
+  if (h == 0 && rank == 0 && tid == 0)
+    a.list_lens[b] = listed == 0 ? 0 : r.len - (r.n_pages - listed) * a.P;
+  if (!solo) {  // no block exits while a push it issued may be in flight
+    cluster_arrive_relaxed();
+    cluster_wait();
+  }
 }
 
 // Selected list positions -> logical pages, in place (one block per (sequence, KV head)).
@@ -221,31 +278,93 @@ __global__ void map_positions_kernel(const int32_t* page_map, int L, int32_t* pa
 
 }  // namespace
 
-size_t select_groups_list_smem(int max_groups) {
-  return sizeof(float) * (size_t(max_groups) + kMaxGroup) + 3 * 4 * size_t((max_groups + 31) / 32) +
-         size_t(max_groups);
+// The slice partials' buffer (dynamic shared memory).
+size_t group_choice_smem(int max_groups, int G) {
+  return sizeof(float2) * size_t(ceil_div(max_groups, kSlice)) * size_t(G);
+}
+
+constexpr int kChoiceSmemMax = 64 * 1024;  // static + partials (32 KB at 32K groups, G 32)
+
+template <int kG>
+void set_choice_attrs() {
+  LOCKS_CUDA_CHECK(
+      cudaFuncSetAttribute(group_choice_kernel<kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kChoiceSmemMax - int(sizeof(ChoiceSmem<kG>) + sizeof(SelectSmem))));
 }
 
 void prepare_super_kernels() {
-  LOCKS_CUDA_CHECK(cudaFuncSetAttribute(select_groups_list_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kListSmemMax));
+  set_choice_attrs<4>();
+  set_choice_attrs<8>();
+  set_choice_attrs<16>();
+  set_choice_attrs<kMaxGroup>();
 }
 
-int max_list_groups() {
-  // 4 + 1 bytes a group, 12 bytes per 32 groups.
-  return int((kListSmemMax - sizeof(float) * kMaxGroup - 64) / (5.0 + 12.0 / 32)) / 32 * 32;
+int max_list_groups() { return kMaxGroupCluster * kSpanMax; }
+
+bool group_cluster_holds(int cluster, int max_groups) {
+  return cluster >= 1 && cluster <= kMaxGroupCluster && (cluster & (cluster - 1)) == 0 &&
+         int64_t(cluster) * kSpanMax >= max_groups;
+}
+
+int group_cluster_size(int max_groups, int64_t rows, int sms, int forced) {
+  const int slices = ceil_div(max_groups, kSlice);
+  int need = 1;  // the fewest blocks whose spans hold the row
+  while (need * kSpanMax < max_groups) need *= 2;
+  LOCKS_REQUIRE(need <= kMaxGroupCluster, "group choice: ", max_groups,
+                " groups a sequence, more than ", max_list_groups());
+  if (forced > 0) {
+    LOCKS_REQUIRE(forced <= kMaxGroupCluster && (forced & (forced - 1)) == 0 && forced >= need,
+                  "group_cluster must be 0 or a power of two in [", need, ", ", kMaxGroupCluster,
+                  "] for ", max_groups, " groups a sequence, got ", forced);
+    return forced;
+  }
+  // More blocks a row while the grid stays within half a wave and each keeps a slice.
+  int cs = need;
+  while (cs < kMaxGroupCluster && rows * cs * 2 <= sms && slices >= cs * 2) cs *= 2;
+  return cs;
 }
 
 void launch_select_groups_list(const float* gh, int MG, const BatchView& batch, int Hq, int H,
                                int P, int S, const SelectConfig& sel, const TwoLevelConfig& cfg,
-                               int L, int32_t* page_map, int32_t* list_lens, int32_t* list_blocks,
-                               cudaStream_t st) {
-  LOCKS_REQUIRE(MG <= max_list_groups(), "select_groups_list: ", MG,
-                " groups a sequence, more than the kernel's ", max_list_groups());
-  launch_kernel(select_groups_list_kernel, dim3(unsigned(H), unsigned(batch.batch_size)),
-                dim3(kThreads), select_groups_list_smem(MG), st, gh, MG, batch.seq_lens,
-                batch.max_blocks_per_seq, batch.block_table, batch.block_table_stride, Hq, H, P, S,
-                sel, cfg, L, page_map, list_lens, list_blocks);
+                               int L, int cluster, int32_t* page_map, int32_t* list_lens,
+                               int32_t* list_blocks, cudaStream_t st) {
+  LOCKS_REQUIRE(group_cluster_holds(cluster, MG), "select_groups_list: a cluster of ", cluster,
+                " blocks for ", MG, " groups");
+  const int G = Hq / H;
+  ChoiceArgs a{gh,
+               MG,
+               batch.max_blocks_per_seq,
+               Hq,
+               P,
+               S,
+               L,
+               ceil_div(ceil_div(MG, kSlice), cluster),
+               batch.seq_lens,
+               batch.block_table,
+               batch.block_table_stride,
+               sel,
+               cfg,
+               page_map,
+               list_lens,
+               list_blocks};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(unsigned(cluster), unsigned(H), unsigned(batch.batch_size));
+  lc.blockDim = dim3(kThreads);
+  lc.dynamicSmemBytes = group_choice_smem(MG, G);
+  lc.stream = st;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc,
+                                      G <= 4    ? group_choice_kernel<4>
+                                      : G <= 8  ? group_choice_kernel<8>
+                                      : G <= 16 ? group_choice_kernel<16>
+                                                : group_choice_kernel<kMaxGroup>,
+                                      a));
 }
 
 void launch_map_positions(const int32_t* page_map, int L, const Selection& sel, int64_t rows,
@@ -294,7 +413,8 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
 void select_groups_list(const float* group_head_scores, const SuperTableView& table,
                         const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                         int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,
-                        int list_cap, int32_t* page_map, int32_t* list_lens, cudaStream_t stream) {
+                        int list_cap, int32_t* page_map, int32_t* list_lens, cudaStream_t stream,
+                        int32_t* list_blocks, int cluster) {
   validate_select(sel, page_size);
   validate_two_level(cfg);
   LOCKS_REQUIRE(group_pages >= 2 && group_pages <= 256, "group_pages must be in [2, 256], got ",
@@ -307,6 +427,7 @@ void select_groups_list(const float* group_head_scores, const SuperTableView& ta
   LOCKS_REQUIRE(batch.batch_size >= 1 && batch.max_blocks_per_seq >= 1 && batch.seq_lens,
                 "select_groups_list: empty batch or null seq_lens");
   LOCKS_REQUIRE(group_head_scores && page_map && list_lens, "null argument");
+  LOCKS_REQUIRE(!list_blocks || batch.block_table, "list_blocks needs batch.block_table");
   const int S = group_pages, MG = table.max_groups_per_seq;
   LOCKS_REQUIRE(
       MG >= (batch.max_blocks_per_seq + S - 1) / S, "super table holds ", MG,
@@ -317,9 +438,14 @@ void select_groups_list(const float* group_head_scores, const SuperTableView& ta
       two_level_list_capacity(cfg, sel, page_size, S, batch.max_blocks_per_seq));
   static const bool prepared = (detail::prepare_super_kernels(), true);
   (void)prepared;
+  int dev = 0, sms = 132;
+  LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
+  LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int cs =
+      detail::group_cluster_size(MG, int64_t(batch.batch_size) * num_kv_heads, sms, cluster);
   detail::launch_select_groups_list(group_head_scores, MG, batch, num_q_heads, num_kv_heads,
-                                    page_size, S, sel, cfg, list_cap, page_map, list_lens, nullptr,
-                                    stream);
+                                    page_size, S, sel, cfg, list_cap, cs, page_map, list_lens,
+                                    list_blocks, stream);
 }
 
 }  // namespace locks::cuda
