@@ -318,9 +318,13 @@ int group_cluster_size(int max_groups, int64_t rows, int sms, int forced) {
                   "] for ", max_groups, " groups a sequence, got ", forced);
     return forced;
   }
-  // More blocks a row while the grid stays within half a wave and each keeps a slice.
+  // More blocks a row while the grid stays within half a wave and each block keeps a group
+  // per thread (2 slices): at 1M tokens (2048 groups of 32 pages) 4 blocks measured 11.2-11.9
+  // us at Llama batch 1 against 12.5-12.7 for 8 (and 14.5 against 14.8 at GLM), the pushes of
+  // each radix pass growing with the cluster (v26, docs/cuda_notes.md).
   int cs = need;
-  while (cs < kMaxGroupCluster && rows * cs * 2 <= sms && slices >= cs * 2) cs *= 2;
+  while (cs < kMaxGroupCluster && rows * cs * 2 <= sms && slices >= cs * 2 * kSlicesPerPass)
+    cs *= 2;
   return cs;
 }
 

@@ -24,7 +24,8 @@ void prepare_super_kernels();
 int max_list_groups();  // the most groups a sequence the group choice holds (8 blocks' spans)
 // Blocks of the group choice's cluster per (sequence, KV head) for rows = batch x KV heads:
 // forced (a power of two, throws if it cannot hold max_groups) or 0 for the rule (the fewest
-// that hold the row, doubled up to 8 while the grid stays within half a wave).
+// that hold the row, doubled up to 8 while the grid stays within half a wave and each block
+// keeps >= 512 groups).
 int group_cluster_size(int max_groups, int64_t rows, int sms, int forced);
 // Whether a cluster of that many blocks (1, 2, 4 or 8) holds max_groups groups a sequence.
 bool group_cluster_holds(int cluster, int max_groups);

@@ -212,7 +212,7 @@ TEST(CudaGroupChoice, RefusesClusterThatCannotHoldTheRow) {
 }
 
 // The plan's cluster rule (DecodeParams::group_cluster 0): the fewest blocks that hold the row,
-// doubled up to 8 while rows x blocks stay within half a wave and each block keeps a slice.
+// doubled up to 8 while rows x blocks stay within half a wave and each block keeps 2 slices.
 TEST(CudaGroupChoice, PlanRule) {
   SKIP_WITHOUT_GPU();
   int dev = 0, sms = 0;
@@ -234,12 +234,12 @@ TEST(CudaGroupChoice, PlanRule) {
   auto expect = [&](int64_t rows, int groups) {  // the rule, restated
     int cs = 1;
     while (cs * 4096 < groups) cs *= 2;
-    while (cs < 8 && rows * cs * 2 <= sms && (groups + 255) / 256 >= cs * 2) cs *= 2;
+    while (cs < 8 && rows * cs * 2 <= sms && (groups + 255) / 256 >= cs * 4) cs *= 2;
     return cs;
   };
   const DecodePlan llama_1m = plan(1, 32, 8, 65536, 32, 0);  // 2048 groups, 8 rows
   EXPECT_EQ(llama_1m.group_cluster, expect(8, 2048));
-  if (sms >= 128) EXPECT_EQ(llama_1m.group_cluster, 8);  // the H200: 8 rows x 8 blocks
+  if (sms >= 128) EXPECT_EQ(llama_1m.group_cluster, 4);  // the H200: 8 rows x 4 blocks
   EXPECT_EQ(plan(8, 32, 8, 8192, 32, 0).group_cluster, expect(64, 256));       // 128K batch 8: 1
   EXPECT_EQ(plan(1, 32, 1, 8192 * 16, 16, 0).group_cluster, expect(1, 8192));  // >= 2
   EXPECT_GE(plan(1, 32, 1, 8192 * 16, 16, 0).group_cluster, 2);
