@@ -19,66 +19,18 @@ namespace {
 // Receive buffers (each used once a launch) and their transaction barriers.
 struct ClusterRadix {
   uint64_t bar[5];                     // the four passes' summed counts, then the counts
-  uint32_t hist[4][256];               // this block's digit counts, a buffer a pass
+  uint32_t hist[256];                  // this block's digit counts of the current pass
   uint32_t sum[4][256];                // the cluster's, a buffer a pass, summed by the pushes
   uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
 };
 constexpr int kRadixCountsBar = 4;
 
 // Before the cluster's start barrier (after which peers may push): the barriers initialised
-// (the caller adds push_barrier_fence_init and a block barrier), the counts and sums cleared.
+// (the caller adds push_barrier_fence_init and a block barrier) and the sums cleared.
 __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
   if (threadIdx.x == 0)
     for (int i = 0; i < 5; ++i) push_barrier_init(&cr.bar[i]);
-  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) {
-    cr.sum[i / 256][i % 256] = 0;
-    cr.hist[i / 256][i % 256] = 0;
-  }
-}
-
-struct DigitFound {
-  uint32_t digit;
-  int remaining;
-  bool whole;
-};
-
-// find_digit for one warp, its answer in every lane (each warp finds the digit itself, so
-// the pass needs no block barrier to broadcast it).
-__device__ __forceinline__ DigitFound find_digit_warp(const uint32_t* hist, int remaining) {
-  const int lane = int(threadIdx.x) & 31;  // lane l owns digits 255-8l .. 248-8l
-  uint32_t c[8], tot = 0;
-#pragma unroll
-  for (int x = 0; x < 8; ++x) {
-    c[x] = hist[255 - 8 * lane - x];
-    tot += c[x];
-  }
-  uint32_t incl = tot;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  const uint32_t excl = incl - tot;
-  const bool here = excl < uint32_t(remaining) && incl >= uint32_t(remaining);
-  DigitFound f{0u, remaining, false};
-  if (here) {
-    uint32_t acc = excl;
-#pragma unroll
-    for (int x = 0; x < 8; ++x) {
-      if (acc + c[x] >= uint32_t(remaining)) {
-        f = {uint32_t(255 - 8 * lane - x), remaining - int(acc), c[x] == uint32_t(remaining) - acc};
-        break;
-      }
-      acc += c[x];
-    }
-  }
-  // Exactly one lane holds it (1 <= remaining <= the count of the keys still in play).
-  const unsigned who = __ballot_sync(0xffffffffu, here);
-  const int src = who ? __ffs(who) - 1 : 0;
-  f.digit = __shfl_sync(0xffffffffu, f.digit, src);
-  f.remaining = __shfl_sync(0xffffffffu, f.remaining, src);
-  f.whole = __shfl_sync(0xffffffffu, int(f.whole), src) != 0;
-  return f;
+  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.sum[i / 256][i % 256] = 0;
 }
 
 // T and need_eq of the m largest of the row's valid keys (1 <= m < their count), this block's
@@ -86,30 +38,33 @@ __device__ __forceinline__ DigitFound find_digit_warp(const uint32_t* hist, int 
 // taken whole). solo: a cluster of one block (no pushes).
 template <typename KeyFn>
 __device__ void cluster_radix_threshold(const cooperative_groups::cluster_group& cluster, bool solo,
-                                        KeyFn key_of, int n, int m, ClusterRadix& cr, uint32_t& T,
-                                        int& need_eq) {
+                                        KeyFn key_of, int n, int m, SelectSmem& sm,
+                                        ClusterRadix& cr, uint32_t& T, int& need_eq) {
   const int n_ranks = int(cluster.num_blocks());
   uint32_t prefix = 0, mask = 0;
   int remaining = m;
-  // One block barrier a pass (v27): each pass counts into its own cleared buffer, and every
-  // warp finds the digit itself from the summed counts (4 barriers a pass before).
   for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) cr.hist[i] = 0;
     if (threadIdx.x == 0 && !solo) push_expect(&cr.bar[pass], uint32_t(n_ranks) * 256u * 4u);
-    count_digits(key_of, n, prefix, mask, shift, cr.hist[pass]);
+    __syncthreads();
+    count_digits(key_of, n, prefix, mask, shift, cr.hist);
     __syncthreads();
     // Thread t pushes bin t % 256 to the blocks t / 256, t / 256 + 2, ...
     if (!solo) {
       const int bin = int(threadIdx.x) % 256;
-      const uint32_t c = cr.hist[pass][bin];
+      const uint32_t c = cr.hist[bin];
       for (int q = int(threadIdx.x) / 256; q < n_ranks; q += kThreads / 256)
         push_add(peer(cluster, &cr.sum[pass][bin], q), c, peer(cluster, &cr.bar[pass], q));
       push_wait(&cr.bar[pass], 0);
     }
-    const DigitFound f = find_digit_warp(solo ? cr.hist[pass] : cr.sum[pass], remaining);
-    prefix |= f.digit << shift;
+    find_digit(solo ? cr.hist : cr.sum[pass], remaining, sm);
+    __syncthreads();
+    prefix |= sm.digit << shift;
     mask |= 255u << shift;
-    remaining = f.remaining;
-    if (f.whole) break;  // the same sums in every block: cluster-uniform
+    remaining = sm.remaining;
+    const bool stop = sm.whole;  // the same sums in every block: cluster-uniform
+    __syncthreads();
+    if (stop) break;
   }
   T = prefix;
   need_eq = remaining;

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   const bool take_all = n_cand <= slots;
   uint32_t T = 0;
   int need_eq = 0;
-  if (!take_all) cluster_radix_threshold(cluster, solo, key_of, n, slots, cs.radix, T, need_eq);
+  if (!take_all) cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, T, need_eq);
 
   // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (each block pushes
   // its count to every block).
@@ -187,20 +187,16 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     const uint32_t k = keys[e];
     own += (take_all || k > T) ? 1u : (k == T ? 1u << 16 : 0u);
   }
-  const uint32_t own1 = own;  // with n <= kThreads, this thread's one candidate's flags
   uint32_t pre, agg;
   Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
   cluster_wait();                             // (the relaxed arrive above: long since met)
   uint32_t gt0, eq0;
   cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
   cluster_arrive_relaxed();  // every push addressed to this block has landed
-  auto put = [&](int e, int pos) { out[r.sink_end + pos] = lo + e; };
-  if (n <= kThreads) {  // one candidate a thread: the counting scan places them
-    compact_one_chunk(own1 & 1u, own1 >> 16 != 0, pre, agg, take_all ? 0 : need_eq, put, gt0, eq0);
-  } else {
-    __syncthreads();  // Scan storage reuse
-    compact(key_of, n, take_all, T, need_eq, sm, put, gt0, eq0);
-  }
+  __syncthreads();           // Scan storage reuse
+  compact(
+      key_of, n, take_all, T, need_eq, sm, [&](int e, int pos) { out[r.sink_end + pos] = lo + e; },
+      gt0, eq0);
   if (rank == 0) write_list(r, take_all ? n_cand : slots, a.cap, out, a.counts + row);
   cluster_wait();  // no block exits while a push it issued may be in flight
 }

@@ -157,19 +157,6 @@ __device__ int compact_flags(FlagFn flags_of, int n, int need_eq, SelectSmem& sm
   return int(gt_base - gt0 + min(eq_base, uint32_t(need_eq)) - min(eq0, uint32_t(need_eq)));
 }
 
-// compact_flags when the block's elements fit one chunk (n <= kThreads: element e is thread
-// e's), from the scan its caller already ran to count them (pre: this thread's exclusive
-// prefix of gt | eq << 16, agg: the block's total): one block scan fewer (v27).
-template <typename EmitFn>
-__device__ __forceinline__ int compact_one_chunk(bool gt, bool eq, uint32_t pre, uint32_t agg,
-                                                 int need_eq, EmitFn emit, uint32_t gt0 = 0,
-                                                 uint32_t eq0 = 0) {
-  const uint32_t ne = uint32_t(need_eq);
-  const uint32_t gt_before = gt0 + (pre & 0xffffu), eq_before = eq0 + (pre >> 16);
-  if (gt || (eq && eq_before < ne)) emit(int(threadIdx.x), int(gt_before + min(eq_before, ne)));
-  return int((agg & 0xffffu) + min(eq0 + (agg >> 16), ne) - min(eq0, ne));
-}
-
 // compact_flags for the top-m split of keys (T, need_eq from radix_threshold): > T, then == T
 // up to need_eq. take_all: every valid element.
 template <typename KeyFn, typename EmitFn>

@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a)
     };
     uint32_t T;
     int need_eq;
-    cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, cs.radix, T, need_eq);
+    cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix, T, need_eq);
     // 5. The kept groups' positions: forced or above T, then the ties at T in index order.
     auto flags_of = [&](int e, bool& gt, bool& eq) {
       const bool f = forced(e);
@@ -231,26 +231,20 @@ __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a)
       eq = !f && k == T;
     };
     uint32_t own = 0;
-    bool gt1 = false, eq1 = false;  // this thread's first element's flags
     for (int e = tid; e < n_local; e += kThreads) {
       bool gt, eq;
       flags_of(e, gt, eq);
-      if (e == tid) gt1 = gt, eq1 = eq;
       own += gt ? 1u : (eq ? 1u << 16 : 0u);
     }
     uint32_t pre, agg;
     Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
     uint32_t gt0, eq0;
     cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
+    __syncthreads();  // Scan storage reuse
     const uint32_t off = gt0 + min(eq0, uint32_t(need_eq));
-    auto keep = [&](int e, int pos) { cs.kept[pos - int(off)] = uint16_t(e); };
-    int n_kept;
-    if (n_local <= kThreads) {  // one group a thread: the counting scan places them
-      n_kept = compact_one_chunk(gt1, eq1, pre, agg, need_eq, keep, gt0, eq0);
-    } else {
-      __syncthreads();  // Scan storage reuse
-      n_kept = compact_flags(flags_of, n_local, need_eq, sm, keep, gt0, eq0);
-    }
+    const int n_kept = compact_flags(
+        flags_of, n_local, need_eq, sm,
+        [&](int e, int pos) { cs.kept[pos - int(off)] = uint16_t(e); }, gt0, eq0);
     __syncthreads();
     // 6. Pages: this block's kept groups (ascending), then the open group's, spread.
     for (int i = tid; i < n_kept * S; i += kThreads)
