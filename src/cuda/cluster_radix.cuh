@@ -1,13 +1,10 @@
 // A top-m split over keys spread across the blocks of a thread-block cluster, shared by the
 // one-launch page selection (select_cluster.cu) and the two-level group choice (super.cu):
 // radix_threshold's T and need_eq for the whole row, from one 256-bin histogram per block per
-// digit pass, each copied whole into every block by the bulk-copy engine (cp.async.bulk into
-// the peers' shared memory, completing on their transaction barriers) and summed there, and
-// the candidate counts of the lower-ranked blocks (each block's count pushed to every block,
-// cluster_push.cuh), which offset a block's stable compaction. Every block takes the same
-// passes (the summed counts are the same everywhere), so the caller's branches stay
-// cluster-uniform. (Until v28 each bin was a red.async into every peer: 256 x blocks remote
-// atomics a pass landing on each block, most of the radix's time: docs/cuda_notes.md.)
+// digit pass added into every block's sum of that pass (red.async, cluster_push.cuh), and the
+// candidate counts of the lower-ranked blocks (each block's count pushed to every block), which
+// offset a block's stable compaction. Every block takes the same passes (the summed counts are
+// the same everywhere), so the caller's branches stay cluster-uniform.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -19,30 +16,21 @@
 namespace locks::cuda::detail {
 namespace {
 
-// Buffers (each barrier used once a launch) and their transaction barriers. The peers'
-// copies land in the caller's receive buffer (cluster_radix_recv_bytes of dynamic shared
-// memory, 16-byte aligned): [2][blocks][256] counts, a pass's by source, double-buffered (a
-// block copies pass p only after every block has copied pass p - 1, which each did after
-// reading its pass p - 2 buffer).
+// Receive buffers (each used once a launch) and their transaction barriers.
 struct ClusterRadix {
-  uint64_t bar[5];                     // the four passes' copies, then the counts
-  alignas(16) uint32_t hist[4][256];   // this block's digit counts, a buffer a pass (the copies
-                                       // read them after the pass)
-  uint32_t sum[256];                   // the cluster's counts of the current pass
+  uint64_t bar[5];                     // the four passes' summed counts, then the counts
+  uint32_t hist[256];                  // this block's digit counts of the current pass
+  uint32_t sum[4][256];                // the cluster's, a buffer a pass, summed by the pushes
   uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
 };
 constexpr int kRadixCountsBar = 4;
 
-__host__ __device__ constexpr size_t cluster_radix_recv_bytes(int blocks) {
-  return blocks > 1 ? size_t(2) * size_t(blocks) * 256 * sizeof(uint32_t) : 0;
-}
-
-// Before the cluster's start barrier (after which peers may copy): the barriers initialised
-// (the caller adds push_barrier_fence_init and a block barrier) and the counts cleared.
+// Before the cluster's start barrier (after which peers may push): the barriers initialised
+// (the caller adds push_barrier_fence_init and a block barrier) and the sums cleared.
 __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
   if (threadIdx.x == 0)
     for (int i = 0; i < 5; ++i) push_barrier_init(&cr.bar[i]);
-  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.hist[i / 256][i % 256] = 0;
+  for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.sum[i / 256][i % 256] = 0;
 }
 
 // T and need_eq of the m largest of the row's valid keys (1 <= m < their count), this block's
@@ -51,35 +39,25 @@ __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
 template <typename KeyFn>
 __device__ void cluster_radix_threshold(const cooperative_groups::cluster_group& cluster, bool solo,
                                         KeyFn key_of, int n, int m, SelectSmem& sm,
-                                        ClusterRadix& cr, uint32_t* recv, uint32_t& T,
-                                        int& need_eq) {
-  const int n_ranks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+                                        ClusterRadix& cr, uint32_t& T, int& need_eq) {
+  const int n_ranks = int(cluster.num_blocks());
   uint32_t prefix = 0, mask = 0;
   int remaining = m;
   for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) cr.hist[i] = 0;
     if (threadIdx.x == 0 && !solo) push_expect(&cr.bar[pass], uint32_t(n_ranks) * 256u * 4u);
-    count_digits(key_of, n, prefix, mask, shift, cr.hist[pass]);
-    // The counts (written through the generic proxy) made visible to the bulk copies.
-    if (!solo) ptx::fence_proxy_async(ptx::space_shared);
     __syncthreads();
-    const uint32_t* counts = cr.hist[pass];
+    count_digits(key_of, n, prefix, mask, shift, cr.hist);
+    __syncthreads();
+    // Thread t pushes bin t % 256 to the blocks t / 256, t / 256 + 2, ...
     if (!solo) {
-      // Thread q copies this block's counts into block q's slot for this source.
-      uint32_t* in = recv + size_t(pass & 1) * n_ranks * 256;
-      if (int(threadIdx.x) < n_ranks)
-        ptx::cp_async_bulk(ptx::space_cluster, ptx::space_shared,
-                           peer(cluster, in + size_t(rank) * 256, int(threadIdx.x)), cr.hist[pass],
-                           256u * 4u, peer(cluster, &cr.bar[pass], int(threadIdx.x)));
+      const int bin = int(threadIdx.x) % 256;
+      const uint32_t c = cr.hist[bin];
+      for (int q = int(threadIdx.x) / 256; q < n_ranks; q += kThreads / 256)
+        push_add(peer(cluster, &cr.sum[pass][bin], q), c, peer(cluster, &cr.bar[pass], q));
       push_wait(&cr.bar[pass], 0);
-      for (int bin = threadIdx.x; bin < 256; bin += kThreads) {
-        uint32_t s = 0;
-        for (int q = 0; q < n_ranks; ++q) s += in[q * 256 + bin];
-        cr.sum[bin] = s;
-      }
-      __syncthreads();
-      counts = cr.sum;
     }
-    find_digit(counts, remaining, sm);
+    find_digit(solo ? cr.hist : cr.sum[pass], remaining, sm);
     __syncthreads();
     prefix |= sm.digit << shift;
     mask |= 255u << shift;

@@ -60,7 +60,6 @@ template <int kG, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterArgs a) {
   __shared__ SelectSmem sm;
   __shared__ ClusterSmem cs;
-  extern __shared__ __align__(16) uint32_t recv[];  // the peers' digit counts (cluster_radix.cuh)
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
   const int h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y, G = a.Hq / Hkv;
@@ -179,8 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   const bool take_all = n_cand <= slots;
   uint32_t T = 0;
   int need_eq = 0;
-  if (!take_all)
-    cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, recv, T, need_eq);
+  if (!take_all) cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, T, need_eq);
 
   // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (each block pushes
   // its count to every block).
@@ -210,7 +208,6 @@ struct ClusterLaunch {
   cudaLaunchConfig_t lc = {};
   ClusterLaunch(dim3 grid, int cs, cudaStream_t st) {
     lc.gridDim = grid;
-    lc.dynamicSmemBytes = cluster_radix_recv_bytes(cs);
     lc.blockDim = dim3(kThreads);
     lc.stream = st;
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -264,11 +261,8 @@ int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
 
 void prepare_select_kernels() {
   for (auto* k : {aggregate_select_cluster<8, true>, aggregate_select_cluster<16, true>,
-                  aggregate_select_cluster<kMaxGroup, true>, aggregate_select_cluster<1, false>}) {
+                  aggregate_select_cluster<kMaxGroup, true>, aggregate_select_cluster<1, false>})
     LOCKS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    LOCKS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(cluster_radix_recv_bytes(kMaxSelectCluster))));
-  }
 }
 
 void launch_aggregate_select(const float* head_scores, const float* chunk_lse, int n_chunks,

@@ -103,14 +103,10 @@ template <int kG>
 __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a) {
   __shared__ SelectSmem sm;
   __shared__ ChoiceSmem<kG> cs;
-  // Dynamic: the peers' digit counts (cluster_radix.cuh), then the slice partials
-  // [n_slices][G] (max, sum).
-  extern __shared__ __align__(16) uint32_t dyn[];
-  uint32_t* recv = dyn;
+  extern __shared__ float2 part[];  // [n_slices][G] (max, sum)
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
   const bool solo = n_ranks == 1;
-  float2* part = reinterpret_cast<float2*>(dyn + cluster_radix_recv_bytes(n_ranks) / 4);
   const int h = blockIdx.y, b = blockIdx.z, H = gridDim.y, G = a.Hq / H;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   cluster_radix_init(cs.radix);
@@ -226,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a)
     };
     uint32_t T;
     int need_eq;
-    cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix, recv, T, need_eq);
+    cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix, T, need_eq);
     // 5. The kept groups' positions: forced or above T, then the ties at T in index order.
     auto flags_of = [&](int e, bool& gt, bool& eq) {
       const bool f = forced(e);
@@ -282,14 +278,12 @@ __global__ void map_positions_kernel(const int32_t* page_map, int L, int32_t* pa
 
 }  // namespace
 
-// The dynamic shared memory: the radix receive buffer, then the slice partials.
-size_t group_choice_smem(int max_groups, int G, int cluster) {
-  return cluster_radix_recv_bytes(cluster) +
-         sizeof(float2) * size_t(ceil_div(max_groups, kSlice)) * size_t(G);
+// The slice partials' buffer (dynamic shared memory).
+size_t group_choice_smem(int max_groups, int G) {
+  return sizeof(float2) * size_t(ceil_div(max_groups, kSlice)) * size_t(G);
 }
 
-// Static + dynamic: the partials are 32 KB at 32K groups and G 32, the receive buffer 16 KB.
-constexpr int kChoiceSmemMax = 96 * 1024;
+constexpr int kChoiceSmemMax = 64 * 1024;  // static + partials (32 KB at 32K groups, G 32)
 
 template <int kG>
 void set_choice_attrs() {
@@ -365,7 +359,7 @@ void launch_select_groups_list(const float* gh, int MG, const BatchView& batch, 
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(unsigned(cluster), unsigned(H), unsigned(batch.batch_size));
   lc.blockDim = dim3(kThreads);
-  lc.dynamicSmemBytes = group_choice_smem(MG, G, cluster);
+  lc.dynamicSmemBytes = group_choice_smem(MG, G);
   lc.stream = st;
   lc.attrs = attr;
   lc.numAttrs = 1;
