@@ -117,32 +117,16 @@ void run_choice_case(const ChoiceCase& c) {
 TEST(CudaGroupChoice, EveryClusterSizeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const int P = kP;
+  // One case a line: name, Hq, Hkv, S, groups, budget, sink, recent, first_groups, ties, lengths.
+  // clang-format off
   const std::vector<ChoiceCase> cases = {
       // Llama-3.1-8B at 1M (S 32: 2048 groups), a shorter and a fallback row beside.
-      {"G4 S32 2048 groups",
-       32,
-       8,
-       32,
-       2048,
-       2048,
-       1,
-       4,
-       1,
-       false,
+      {"G4 S32 2048 groups", 32, 8, 32, 2048, 2048, 1, 4, 1, false,
        {2048 * 32 * P, 700 * 32 * P + 5, 3 * 32 * P}},
       // GLM-4-9B (G 16), budget 512: the kept groups few against the row.
       {"G16 S32 2048 groups", 32, 2, 32, 2048, 512, 0, 0, 1, false, {2048 * 32 * P - 7}},
       // Qwen-like G 7, a row that is not a multiple of the 256-group slice.
-      {"G7 S16 4196 groups",
-       28,
-       4,
-       16,
-       4196,
-       1024,
-       2,
-       3,
-       2,
-       false,
+      {"G7 S16 4196 groups", 28, 4, 16, 4196, 1024, 2, 3, 2, false,
        {4196 * 16 * P, 4100 * 16 * P + 100, 1000 * 16 * P}},
       // One KV head of 32 query heads, 8192 groups: at least two blocks a row.
       {"G32 S16 8192 groups", 32, 1, 16, 8192, 4096, 1, 1, 1, false, {8192 * 16 * P - 1}},
@@ -152,6 +136,7 @@ TEST(CudaGroupChoice, EveryClusterSizeMatchesCpu) {
       // The most groups a row (8 blocks of 4096).
       {"G4 32768 groups", 4, 1, 2, 32768, 8192, 1, 8, 1, false, {32768 * 2 * P}},
   };
+  // clang-format on
   for (const ChoiceCase& c : cases) run_choice_case(c);
 }
 
