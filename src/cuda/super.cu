@@ -283,7 +283,13 @@ size_t group_choice_smem(int max_groups, int G) {
   return sizeof(float2) * size_t(ceil_div(max_groups, kSlice)) * size_t(G);
 }
 
-constexpr int kChoiceSmemMax = 64 * 1024;  // static + partials (32 KB at 32K groups, G 32)
+// Static (up to ~35 KB at G 32) + the partials (up to 32 KB: 32K groups at G 32).
+constexpr int kChoiceSmemMax = 96 * 1024;
+
+static_assert(sizeof(ChoiceSmem<kMaxGroup>) + sizeof(SelectSmem) +
+                      sizeof(float2) * (kMaxGroupCluster * kSpanMax / kSlice) * kMaxGroup <=
+                  size_t(kChoiceSmemMax),
+              "the group choice's shared memory at the most groups and the widest group");
 
 template <int kG>
 void set_choice_attrs() {
@@ -320,8 +326,8 @@ int group_cluster_size(int max_groups, int64_t rows, int sms, int forced) {
   }
   // More blocks a row while the grid stays within half a wave and each block keeps a group
   // per thread (2 slices): at 1M tokens (2048 groups of 32 pages) 4 blocks measured 11.2-11.9
-  // us at Llama batch 1 against 12.5-12.7 for 8 (and 14.5 against 14.8 at GLM), the pushes of
-  // each radix pass growing with the cluster (v26, docs/cuda_notes.md).
+  // us at Llama batch 1 against 12.5-12.7 for 8 (and 14.5 against 14.8 at GLM): past one group
+  // a thread, more blocks add exchange latency, not parallel work (v26, docs/cuda_notes.md).
   int cs = need;
   while (cs < kMaxGroupCluster && rows * cs * 2 <= sms && slices >= cs * 2 * kSlicesPerPass)
     cs *= 2;

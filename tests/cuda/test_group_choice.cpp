@@ -133,8 +133,10 @@ TEST(CudaGroupChoice, EveryClusterSizeMatchesCpu) {
       // Ties everywhere (37 values): the threshold's ties split across block spans.
       {"G1 ties", 8, 8, 16, 3000, 2048, 0, 2, 0, true, {3000 * 16 * P, 2999 * 16 * P + 3}},
       {"G4 ties", 16, 4, 32, 2600, 512, 1, 0, 1, true, {2600 * 32 * P}},
-      // The most groups a row (8 blocks of 4096).
+      // The most groups a row (8 blocks of 4096), also with the widest group (the most
+      // shared memory: 32 KB of slice partials).
       {"G4 32768 groups", 4, 1, 2, 32768, 8192, 1, 8, 1, false, {32768 * 2 * P}},
+      {"G32 32768 groups", 32, 1, 2, 32768, 2048, 0, 0, 1, false, {32768 * 2 * P - 3}},
   };
   // clang-format on
   for (const ChoiceCase& c : cases) run_choice_case(c);
