@@ -17,6 +17,14 @@ namespace locks::cuda::detail {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// SMs of the current device (the grid rules of the plan and of the ops that plan themselves).
+inline int current_device_sms() {
+  int dev = 0, sms = 0;
+  LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
+  LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 // Head slices of a GQA group too wide for one block's fragments: the fewest slices of at most
 // `max_heads` heads, balanced (scoring and attention each set their own maximum).
 struct HeadSlices {

@@ -94,9 +94,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
   plan.select_chunk_pages =
       p.select_chunk_pages ? p.select_chunk_pages : detail::select_chunk_pages(M);
   plan.select_chunks = ceil_div(M, plan.select_chunk_pages);
-  int dev = 0, sms = 132;
-  LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
-  LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = detail::current_device_sms();
   detail::prepare_score_kernels();
   detail::prepare_attention_kernels();
   detail::prepare_select_kernels();

@@ -15,6 +15,7 @@
 #include <cooperative_groups.h>
 
 #include "aggregate_common.cuh"
+#include "cluster_launch.cuh"
 #include "cluster_push.cuh"
 #include "cluster_radix.cuh"
 #include "kernels.cuh"
@@ -200,26 +201,6 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   if (rank == 0) write_list(r, take_all ? n_cand : slots, a.cap, out, a.counts + row);
   cluster_wait();  // no block exits while a push it issued may be in flight
 }
-
-// A launch configuration of kThreads-thread blocks in clusters of cs along x (the attribute
-// lives beside the configuration that points to it, hence not copyable).
-struct ClusterLaunch {
-  cudaLaunchAttribute attr[1];
-  cudaLaunchConfig_t lc = {};
-  ClusterLaunch(dim3 grid, int cs, cudaStream_t st) {
-    lc.gridDim = grid;
-    lc.blockDim = dim3(kThreads);
-    lc.stream = st;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cs);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
 
 // Whether clusters of cs blocks of the kernel can be co-resident on this device (the
 // non-portable sizes above 8 depend on the GPC layout).

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "aggregate_common.cuh"
+#include "cluster_launch.cuh"
 #include "cluster_push.cuh"
 #include "cluster_radix.cuh"
 #include "common.cuh"
@@ -192,26 +194,19 @@ __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a)
       cs.lse[g] = m == kNegInf ? kNegInf : m + logf(l);
     }
     __syncthreads();
-    // 3. This block's group scores as keys (the first pass's scores still in registers).
-    const float log_g = logf(float(G));
+    // 3. This block's group scores as keys (aggregate_common.cuh's arithmetic; the first
+    // pass's scores still in registers).
     for (int sl0 = sl_begin; sl0 < sl_end; sl0 += kSlicesPerPass) {
       const int e = (sl0 - sl_begin) * kSlice + tid;
       if (e >= n_local) continue;
       float x[kG];
+      if (sl0 == sl_begin) {
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const float v =
-            sl0 == sl_begin ? x0[g] : (g < G ? s0[int64_t(g) * a.MG + j0 + e] : kNegInf);
-        x[g] = g < G && cs.lse[g] != kNegInf ? v - cs.lse[g] : kNegInf;
+        for (int g = 0; g < kG; ++g) x[g] = x0[g];
+      } else {
+        load_head_scores<kG>(s0 + j0 + e, a.MG, G, x);
       }
-      float mx = kNegInf;
-#pragma unroll
-      for (int g = 0; g < kG; ++g) mx = fmaxf(mx, x[g]);
-      float t = 0.0f;
-      if (mx != kNegInf)
-#pragma unroll
-        for (int g = 0; g < kG; ++g) t += x[g] == kNegInf ? 0.0f : expf(x[g] - mx);
-      cs.keys[e] = float_key(mx == kNegInf ? kNegInf : mx + logf(t) - log_g);
+      cs.keys[e] = float_key(group_score_of<kG>(x, cs.lse, G));
     }
     __syncthreads();
     // 4. The m best non-forced groups of the row.
@@ -319,7 +314,7 @@ int group_cluster_size(int max_groups, int64_t rows, int sms, int forced) {
   LOCKS_REQUIRE(need <= kMaxGroupCluster, "group choice: ", max_groups,
                 " groups a sequence, more than ", max_list_groups());
   if (forced > 0) {
-    LOCKS_REQUIRE(forced <= kMaxGroupCluster && (forced & (forced - 1)) == 0 && forced >= need,
+    LOCKS_REQUIRE(group_cluster_holds(forced, max_groups),
                   "group_cluster must be 0 or a power of two in [", need, ", ", kMaxGroupCluster,
                   "] for ", max_groups, " groups a sequence, got ", forced);
     return forced;
@@ -357,19 +352,9 @@ void launch_select_groups_list(const float* gh, int MG, const BatchView& batch, 
                page_map,
                list_lens,
                list_blocks};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(unsigned(cluster), unsigned(H), unsigned(batch.batch_size));
-  lc.blockDim = dim3(kThreads);
-  lc.dynamicSmemBytes = group_choice_smem(MG, G);
-  lc.stream = st;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
-  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&lc,
+  const ClusterLaunch cl(dim3(unsigned(cluster), unsigned(H), unsigned(batch.batch_size)), cluster,
+                         st, group_choice_smem(MG, G));
+  LOCKS_CUDA_CHECK(cudaLaunchKernelEx(&cl.lc,
                                       G <= 4    ? group_choice_kernel<4>
                                       : G <= 8  ? group_choice_kernel<8>
                                       : G <= 16 ? group_choice_kernel<16>
@@ -448,11 +433,8 @@ void select_groups_list(const float* group_head_scores, const SuperTableView& ta
       two_level_list_capacity(cfg, sel, page_size, S, batch.max_blocks_per_seq));
   static const bool prepared = (detail::prepare_super_kernels(), true);
   (void)prepared;
-  int dev = 0, sms = 132;
-  LOCKS_CUDA_CHECK(cudaGetDevice(&dev));
-  LOCKS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int cs =
-      detail::group_cluster_size(MG, int64_t(batch.batch_size) * num_kv_heads, sms, cluster);
+  const int cs = detail::group_cluster_size(MG, int64_t(batch.batch_size) * num_kv_heads,
+                                            detail::current_device_sms(), cluster);
   detail::launch_select_groups_list(group_head_scores, MG, batch, num_q_heads, num_kv_heads,
                                     page_size, S, sel, cfg, list_cap, cs, page_map, list_lens,
                                     list_blocks, stream);
