@@ -27,11 +27,17 @@ setsid "${low[@]}" bash -c 'scripts/python_setup.sh --vllm && echo "python_setup
   >"$pysetup_log" 2>&1 &
 pysetup=$!
 trap 'kill -- -"$pysetup" 2>/dev/null || true' EXIT
+# Each phase's wall time, printed when it ends (what CI time is spent on, run by run).
+phase_t=$SECONDS
+phase() { echo "test.sh: $1 took $((SECONDS - phase_t)) s (at $((SECONDS - t0)) s)"; phase_t=$SECONDS; }
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
+phase "Release build"
 (cd build && ctest --output-on-failure -j"$jobs")
+phase "Release ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
+phase "ASan build"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
 # libFuzzer harnesses (fuzz/, issue #12): the .npy reader, the capture reader and the CLI option
 # parser, built with clang (-fsanitize=fuzzer,address,undefined); every corpus file, then the
@@ -39,11 +45,15 @@ cmake --build build-asan -j"$jobs"
 # `fuzz/run.sh build-fuzz SECONDS` for longer runs).
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_npy fuzz_capture fuzz_cli
+phase "fuzz build"
 fuzz/run.sh build-fuzz 30
+phase "fuzzers"
 # Python package (torch operators, transformers drop-in, SmolLM2 tests, the vLLM plugin): pytest.
 echo "waiting for scripts/python_setup.sh (started beside the C++ builds) at $((SECONDS - t0)) s"
 pysetup_rc=0
 wait "$pysetup" || pysetup_rc=$?
 cat "$pysetup_log" && rm -f "$pysetup_log"
 [ "$pysetup_rc" -eq 0 ] || { echo "scripts/python_setup.sh failed (exit $pysetup_rc)"; exit "$pysetup_rc"; }
+phase "waiting for the Python set-up"
 LOCKS_PY_INSTALLED=1 scripts/python_tests.sh
+phase "pytest + vLLM plugin tests"
