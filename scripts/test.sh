@@ -39,6 +39,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON -DLOCKS_CU
 cmake --build build-asan -j"$jobs"
 phase "ASan build"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
+phase "ASan ctest"
 # libFuzzer harnesses (fuzz/, issue #12): the .npy reader, the capture reader and the CLI option
 # parser, built with clang (-fsanitize=fuzzer,address,undefined); every corpus file, then the
 # three fuzzing for 30 s at the same time, ~20 s of CPU each on 2 cores (CI time;

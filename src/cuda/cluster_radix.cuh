@@ -18,18 +18,19 @@ namespace {
 
 // Receive buffers (each used once a launch) and their transaction barriers.
 struct ClusterRadix {
-  uint64_t bar[5];                     // the four passes' summed counts, then the counts
-  uint32_t hist[256];                  // this block's digit counts of the current pass
-  uint32_t sum[4][256];                // the cluster's, a buffer a pass, summed by the pushes
-  uint32_t packed[kMaxSelectCluster];  // every block's (> T) | (== T) << 16 candidates
+  uint64_t bar[6];                       // the four passes' summed counts, the counts, the range
+  uint32_t hist[256];                    // this block's digit counts of the current pass
+  uint32_t sum[4][256];                  // the cluster's, a buffer a pass, summed by the pushes
+  uint32_t packed[kMaxSelectCluster];    // every block's (> T) | (== T) << 16 candidates
+  uint32_t range[2][kMaxSelectCluster];  // every block's smallest and largest valid key
 };
-constexpr int kRadixCountsBar = 4;
+constexpr int kRadixCountsBar = 4, kRadixRangeBar = 5;
 
 // Before the cluster's start barrier (after which peers may push): the barriers initialised
 // (the caller adds push_barrier_fence_init and a block barrier) and the sums cleared.
 __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
   if (threadIdx.x == 0)
-    for (int i = 0; i < 5; ++i) push_barrier_init(&cr.bar[i]);
+    for (int i = 0; i < 6; ++i) push_barrier_init(&cr.bar[i]);
   for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.sum[i / 256][i % 256] = 0;
 }
 
@@ -40,10 +41,42 @@ template <typename KeyFn>
 __device__ void cluster_radix_threshold(const cooperative_groups::cluster_group& cluster, bool solo,
                                         KeyFn key_of, int n, int m, SelectSmem& sm,
                                         ClusterRadix& cr, uint32_t& T, int& need_eq) {
-  const int n_ranks = int(cluster.num_blocks());
-  uint32_t prefix = 0, mask = 0;
+  const int n_ranks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  // The row's key range (radix_start): each block's, pushed to every block (one exchange,
+  // against the one or two passes it saves on rows whose keys share their top digits).
+  uint32_t lo, hi;
+  thread_key_range(key_of, n, lo, hi);
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (threadIdx.x == 0) {
+    sm.range_lo = 0xffffffffu, sm.range_hi = 0u;
+    if (!solo) push_expect(&cr.bar[kRadixRangeBar], uint32_t(n_ranks) * 8u);
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) atomicMin(&sm.range_lo, lo), atomicMax(&sm.range_hi, hi);
+  __syncthreads();
+  if (solo) {
+    lo = sm.range_lo;
+    hi = sm.range_hi;
+  } else {
+    if (int(threadIdx.x) < 2 * n_ranks) {  // thread i pushes the low (i even) or high end to i / 2
+      const int q = int(threadIdx.x) / 2, end = int(threadIdx.x) & 1;
+      push_store(peer(cluster, &cr.range[end][rank], q), end ? sm.range_hi : sm.range_lo,
+                 peer(cluster, &cr.bar[kRadixRangeBar], q));
+    }
+    push_wait(&cr.bar[kRadixRangeBar], 0);
+    lo = 0xffffffffu, hi = 0u;
+    for (int q = 0; q < n_ranks; ++q) lo = min(lo, cr.range[0][q]), hi = max(hi, cr.range[1][q]);
+  }
+  if (lo == hi) {  // every valid key of the row equal: the first m of them in index order
+    T = lo;
+    need_eq = m;
+    return;
+  }
+  const RadixStart st = radix_start(lo, hi);
+  uint32_t prefix = st.prefix, mask = st.mask;
   int remaining = m;
-  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+  for (int pass = 0, shift = st.shift;; ++pass, shift = radix_next_shift(shift)) {
     for (int i = threadIdx.x; i < 256; i += kThreads) cr.hist[i] = 0;
     if (threadIdx.x == 0 && !solo) push_expect(&cr.bar[pass], uint32_t(n_ranks) * 256u * 4u);
     __syncthreads();
@@ -64,7 +97,7 @@ __device__ void cluster_radix_threshold(const cooperative_groups::cluster_group&
     remaining = sm.remaining;
     const bool stop = sm.whole;  // the same sums in every block: cluster-uniform
     __syncthreads();
-    if (stop) break;
+    if (stop || shift == 0) break;
   }
   T = prefix;
   need_eq = remaining;

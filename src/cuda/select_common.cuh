@@ -47,6 +47,7 @@ struct SelectSmem {
   int remaining;
   int whole;  // the digit's bin is taken whole (its count == remaining): no lower digit matters
   uint32_t carry_gt, carry_eq;
+  uint32_t range_lo, range_hi;  // the valid keys' range (radix_threshold)
 };
 
 // Warp 0: the digit of hist (256 bins, counts of the current pass) where the count from the
@@ -109,13 +110,63 @@ __device__ __forceinline__ void count_digits(KeyFn key_of, int n, uint32_t prefi
 // (callers that read its value, e.g. the adaptive budget's mass of the top m).
 enum class Threshold { bound, key };
 
+// This thread's smallest and largest valid key (UINT32_MAX / 0 when it has none): the
+// range of the row, reduced by the caller, that sets the radix passes' first digit.
+template <typename KeyFn>
+__device__ __forceinline__ void thread_key_range(KeyFn key_of, int n, uint32_t& lo, uint32_t& hi) {
+  lo = 0xffffffffu;
+  hi = 0u;
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    bool valid;
+    const uint32_t k = key_of(e, valid);
+    if (valid) lo = min(lo, k), hi = max(hi, k);
+  }
+}
+
+// The radix passes' start from the range [lo, hi] of the row's valid keys (lo < hi): every
+// key shares the bits above the highest bit where lo and hi differ, so those are the
+// prefix already and the first digit is the 8 bits from that one down. Scores crowd into a
+// narrow range (the log-shares of a row mostly within a few nats), where the fixed digits
+// 31-24 / 23-16 / ... spend the first pass, often two, on a bin that holds every key; the
+// window from the range resolves 8 bits of the spread itself, so fewer passes reach a bin
+// that is taken whole (docs/cuda_notes.md, v29).
+struct RadixStart {
+  uint32_t prefix, mask;
+  int shift;
+};
+__device__ __forceinline__ RadixStart radix_start(uint32_t lo, uint32_t hi) {
+  const int top = 31 - __clz(lo ^ hi);  // lo < hi: some bit differs
+  const uint32_t mask = top == 31 ? 0u : ~((2u << top) - 1u);
+  return {lo & mask, mask, max(top - 7, 0)};
+}
+// The next pass's shift after one at `shift` (> 0): 8 bits lower, the last window ending at
+// bit 0 (its upper bits may be fixed already: the counted keys share them, so only their
+// bins fill and the digit found repeats them).
+__device__ __forceinline__ int radix_next_shift(int shift) { return max(shift - 8, 0); }
+
 // Block-wide: T and need_eq as above for the m largest valid keys (1 <= m < valid count).
 template <typename KeyFn>
 __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
                                 int& need_eq, Threshold want = Threshold::bound) {
-  uint32_t prefix = 0, mask = 0;
+  uint32_t lo, hi;
+  thread_key_range(key_of, n, lo, hi);
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (threadIdx.x == 0) sm.range_lo = 0xffffffffu, sm.range_hi = 0u;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) atomicMin(&sm.range_lo, lo), atomicMax(&sm.range_hi, hi);
+  __syncthreads();
+  lo = sm.range_lo;
+  hi = sm.range_hi;
+  if (lo == hi) {  // every valid key equal: the first m of them in index order
+    T = lo;
+    need_eq = m;
+    return;
+  }
+  const RadixStart st = radix_start(lo, hi);
+  uint32_t prefix = st.prefix, mask = st.mask;
   int remaining = m;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = st.shift;; shift = radix_next_shift(shift)) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
     __syncthreads();
     count_digits(key_of, n, prefix, mask, shift, sm.hist);
@@ -127,7 +178,7 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
     remaining = sm.remaining;
     const bool stop = want == Threshold::bound && sm.whole;  // block-uniform
     __syncthreads();
-    if (stop) break;
+    if (stop || shift == 0) break;
   }
   T = prefix;
   need_eq = remaining;

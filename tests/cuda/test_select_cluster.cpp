@@ -28,20 +28,25 @@ struct ClusterCase {
   enum Scores {
     cont,
     ties,
-    bands
+    bands,
+    narrow
   } scores;  // continuous; four levels (massive exact ties);
              // each row's top `slots` pages in a bin of their
              // own at the key's first or second digit (the
-             // radix passes stop early, Threshold::bound)
+             // radix passes stop early, Threshold::bound);
+             // head scores within 2^-16 of -9, so the group
+             // scores differ only in their low bits (the radix
+             // starts from the row's key range, v29)
 };
 
 std::string name(const ClusterCase& c) {
   return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_b" +
          std::to_string(c.sel.budget_tokens) +
          (c.sel.dense_below ? "_dense" + std::to_string(c.sel.dense_below) : "") +
-         (c.scores == ClusterCase::ties    ? "_ties"
-          : c.scores == ClusterCase::bands ? "_bands"
-                                           : "_cont");
+         (c.scores == ClusterCase::ties     ? "_ties"
+          : c.scores == ClusterCase::bands  ? "_bands"
+          : c.scores == ClusterCase::narrow ? "_narrow"
+                                            : "_cont");
 }
 
 struct Outputs {
@@ -96,6 +101,7 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
   std::uniform_real_distribution<float> U(-12.0f, 2.0f);
   std::vector<float> hs(size_t(B) * Hq * M, -std::numeric_limits<float>::infinity());
   std::uniform_real_distribution<float> low(1.0f, 1.2f), high(1.5f, 1.503f);
+  std::uniform_real_distribution<float> near(-9.0f, -9.0f + 1.0f / 65536);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < c.Hkv; ++h) {
       const int64_t full = std::min(M, len64[size_t(b)] / P);
@@ -111,9 +117,10 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
         const float band = first ? (hot ? 64.0f + 63.0f * (U(rng) + 12.0f) / 14.0f : U(rng))
                                  : (hot ? high(rng) : low(rng));
         for (int g = 0; g < c.G; ++g)
-          hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.scores == ClusterCase::ties    ? tie
-                                                       : c.scores == ClusterCase::bands ? band
-                                                                                        : U(rng);
+          hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.scores == ClusterCase::ties     ? tie
+                                                       : c.scores == ClusterCase::bands  ? band
+                                                       : c.scores == ClusterCase::narrow ? near(rng)
+                                                                                         : U(rng);
       }
     }
 
@@ -188,6 +195,8 @@ INSTANTIATE_TEST_SUITE_P(
         ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::ties},
         ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::cont},
         ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::bands},
+        ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::narrow},
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::narrow},
         ClusterCase{4, 1, kShort, {2048, 0, 0}, ClusterCase::cont},
         ClusterCase{1, 32, kShort, {16 * 140, 1, 1}, ClusterCase::ties},
         ClusterCase{3, 7, kShort, {48, 1, 1}, ClusterCase::cont},         // no slot left

@@ -4,11 +4,16 @@
 // 8-bit digit of the order-preserving key, so the CUDA radix select takes that bin whole and
 // stops after one, two or three passes (select_common.cuh, Threshold::bound); keys equal to
 // the stopping prefix itself (T = 1.5 exactly, its low digits zero); one tie too many at that
-// value (no early stop, ties to the lower index); negative scores. One selection chunk
-// (300 pages) and two (2200: the CUDA two-stage path).
+// value (no early stop, ties to the lower index); negative scores; rows whose keys differ
+// only in their low bits, where the CUDA radix starts from the row's key range (v29): the
+// whole spread inside one last digit (low_bits), a first window whose next one overlaps the
+// bits already fixed (window_overlap), and every candidate equal (all_equal: no pass, ties
+// to the lower index). One selection chunk (300 pages) and two (2200: the CUDA two-stage
+// path).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -27,7 +32,10 @@ enum class Band {
   third_digit,
   exact_prefix,
   one_tie_too_many,
-  negative
+  negative,
+  low_bits,
+  window_overlap,
+  all_equal
 };
 
 const char* band_name(Band b) {
@@ -44,6 +52,12 @@ const char* band_name(Band b) {
       return "one_tie_too_many";
     case Band::negative:
       return "negative";
+    case Band::low_bits:
+      return "low_bits";
+    case Band::window_overlap:
+      return "window_overlap";
+    case Band::all_equal:
+      return "all_equal";
   }
   return "?";
 }
@@ -52,6 +66,9 @@ const char* band_name(Band b) {
 // 0xbfc00000): its key's second digit (0xc0) differs from [1, 1.2)'s (0x80-0x99), and
 // [1.5, 1.5 + 2^-10) (third digit 0x00-0x1f) shares 16 bits with
 // [1.5 + 2^-8, 1.5 + 2^-8 + 2^-10) (0x80-0x9f), which differs at the third digit.
+// 1.5 plus `ulps` units in the last place: keys that differ only in their low bits.
+float above_1_5(int ulps) { return std::bit_cast<float>(0x3fc00000u + uint32_t(ulps)); }
+
 float hot_score(Band b, Rng& rng) {
   switch (b) {
     case Band::first_digit:
@@ -65,6 +82,12 @@ float hot_score(Band b, Rng& rng) {
       return 1.5f;
     case Band::negative:
       return rng.uniform(-1.1f, -1.0f);
+    case Band::low_bits:  // the row's keys span 6 bits: one pass from bit 0
+      return above_1_5(rng.integer(40, 63));
+    case Band::window_overlap:  // 10 bits: a window at bits 9-2, then 7-0
+      return above_1_5(rng.integer(700, 1023));
+    case Band::all_equal:
+      return 1.5f;
   }
   return 0.0f;
 }
@@ -80,6 +103,12 @@ float rest_score(Band b, Rng& rng) {
       return 1.5f + rng.uniform(0.0f, std::ldexp(1.0f, -10));
     case Band::negative:
       return rng.uniform(-300.0f, -100.0f);
+    case Band::low_bits:
+      return above_1_5(rng.integer(0, 39));
+    case Band::window_overlap:
+      return above_1_5(rng.integer(0, 699));
+    case Band::all_equal:
+      return 1.5f;
   }
   return 0.0f;
 }
@@ -114,7 +143,8 @@ using SelectThreshold = SelectOnBackend;
 TEST_F(SelectThreshold, BinsTakenWholeSelectTheReferencePages) {
   for (const int M : {300, 2200})
     for (const Band band : {Band::first_digit, Band::second_digit, Band::third_digit,
-                            Band::exact_prefix, Band::one_tie_too_many, Band::negative})
+                            Band::exact_prefix, Band::one_tie_too_many, Band::negative,
+                            Band::low_bits, Band::window_overlap, Band::all_equal})
       for (const SelectConfig sc : {SelectConfig{16 * 16, 0, 0}, SelectConfig{16 * 16 + 7, 1, 2},
                                     SelectConfig{64 * 16, 2, 3}}) {
         SCOPED_TRACE(testing::Message()
