@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer harnesses built in BUILD (default build-fuzz, see fuzz/CMakeLists.txt):
+# Runs the libFuzzer harnesses built in BUILD (default build-asan, scripts/test.sh's sanitizer
+# build; see fuzz/CMakeLists.txt):
 # each one first over every committed corpus file (fuzz/corpus/<name>/), then fuzzing for
 # SECONDS (default 45) from that corpus, the three harnesses at the same time (one process
 # each, sharing the machine's cores: on CI's 2 cores, 30 s of wall time gives each harness
@@ -8,7 +9,7 @@
 # the input in BUILD/fuzz-artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${1:-build-fuzz}"
+build="${1:-build-asan}"
 secs="${2:-45}"
 names=(npy capture cli)
 mkdir -p "$build/fuzz-artifacts"

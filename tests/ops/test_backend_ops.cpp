@@ -826,9 +826,10 @@ TEST(BackendMemory, ThousandPlanRunCyclesKeepMemoryFlat) {
   const int64_t after = be->memory_in_use();
   // CUDA: device memory in use is exact; CPU: the resident set may move by allocator noise.
   const int64_t slack = be->kind() == Backend::cuda ? 0 : (int64_t(1) << 20);
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef LOCKS_SANITIZED
   // Under AddressSanitizer the resident set measures its shadow memory and quarantine, not
-  // the program's: only the allocation count below is checked there.
+  // the program's: only the allocation count below is checked there (and LeakSanitizer
+  // checks leaks). LOCKS_SANITIZED, not gcc's __SANITIZE_ADDRESS__, which clang lacks.
   if (be->kind() == Backend::cpu) before = after;
 #endif
   EXPECT_LE(after - before, slack) << "memory grew from " << before << " to " << after;
