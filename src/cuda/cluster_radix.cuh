@@ -44,24 +44,13 @@ __device__ void cluster_radix_threshold(const cooperative_groups::cluster_group&
   const int n_ranks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   // The row's key range (radix_start): each block's, pushed to every block (one exchange,
   // against the one or two passes it saves on rows whose keys share their top digits).
+  if (threadIdx.x == 0 && !solo) push_expect(&cr.bar[kRadixRangeBar], uint32_t(n_ranks) * 8u);
   uint32_t lo, hi;
-  thread_key_range(key_of, n, lo, hi);
-  lo = __reduce_min_sync(0xffffffffu, lo);
-  hi = __reduce_max_sync(0xffffffffu, hi);
-  if (threadIdx.x == 0) {
-    sm.range_lo = 0xffffffffu, sm.range_hi = 0u;
-    if (!solo) push_expect(&cr.bar[kRadixRangeBar], uint32_t(n_ranks) * 8u);
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) atomicMin(&sm.range_lo, lo), atomicMax(&sm.range_hi, hi);
-  __syncthreads();
-  if (solo) {
-    lo = sm.range_lo;
-    hi = sm.range_hi;
-  } else {
+  block_key_range(key_of, n, sm, lo, hi);
+  if (!solo) {
     if (int(threadIdx.x) < 2 * n_ranks) {  // thread i pushes the low (i even) or high end to i / 2
       const int q = int(threadIdx.x) / 2, end = int(threadIdx.x) & 1;
-      push_store(peer(cluster, &cr.range[end][rank], q), end ? sm.range_hi : sm.range_lo,
+      push_store(peer(cluster, &cr.range[end][rank], q), end ? hi : lo,
                  peer(cluster, &cr.bar[kRadixRangeBar], q));
     }
     push_wait(&cr.bar[kRadixRangeBar], 0);

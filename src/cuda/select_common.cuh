@@ -144,11 +144,10 @@ __device__ __forceinline__ RadixStart radix_start(uint32_t lo, uint32_t hi) {
 // bins fill and the digit found repeats them).
 __device__ __forceinline__ int radix_next_shift(int shift) { return max(shift - 8, 0); }
 
-// Block-wide: T and need_eq as above for the m largest valid keys (1 <= m < valid count).
+// Block-wide: the smallest and largest of the block's valid keys (UINT32_MAX / 0 when it has
+// none), in every thread.
 template <typename KeyFn>
-__device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
-                                int& need_eq, Threshold want = Threshold::bound) {
-  uint32_t lo, hi;
+__device__ void block_key_range(KeyFn key_of, int n, SelectSmem& sm, uint32_t& lo, uint32_t& hi) {
   thread_key_range(key_of, n, lo, hi);
   lo = __reduce_min_sync(0xffffffffu, lo);
   hi = __reduce_max_sync(0xffffffffu, hi);
@@ -158,6 +157,15 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
   __syncthreads();
   lo = sm.range_lo;
   hi = sm.range_hi;
+  __syncthreads();  // every thread has read them before a next call may reset them
+}
+
+// Block-wide: T and need_eq as above for the m largest valid keys (1 <= m < valid count).
+template <typename KeyFn>
+__device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
+                                int& need_eq, Threshold want = Threshold::bound) {
+  uint32_t lo, hi;
+  block_key_range(key_of, n, sm, lo, hi);
   if (lo == hi) {  // every valid key equal: the first m of them in index order
     T = lo;
     need_eq = m;
