@@ -36,8 +36,9 @@ phase "Release build"
 (cd build && ctest --output-on-failure -j"$jobs")
 phase "Release ctest"
 # The sanitizer build (-O1: CMakeLists.txt), with clang: its build + suite took 370 s on the CI
-# machine against gcc 12's 449 s at -O0 (2026-12-04). It also builds the libFuzzer harnesses (fuzz/, issue #12: the .npy reader, the capture
-# reader and the CLI option parser, -fsanitize=fuzzer,address,undefined), which need clang.
+# machine against gcc 12's 449 s at -O0 (2026-12-04). It also builds the libFuzzer harnesses
+# (fuzz/, issue #12: the .npy reader, the capture reader and the CLI option parser,
+# -fsanitize=fuzzer,address,undefined), which need clang.
 cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON \
   -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
