@@ -30,7 +30,7 @@ constexpr int kRadixCountsBar = 4, kRadixRangeBar = 5;
 // (the caller adds push_barrier_fence_init and a block barrier) and the sums cleared.
 __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
   if (threadIdx.x == 0)
-    for (int i = 0; i < 6; ++i) push_barrier_init(&cr.bar[i]);
+    for (int i = 0; i < int(sizeof(cr.bar) / sizeof(cr.bar[0])); ++i) push_barrier_init(&cr.bar[i]);
   for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.sum[i / 256][i % 256] = 0;
 }
 
