@@ -6,9 +6,10 @@
 // why.
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
-//                         [--select-cluster -1|1|2|4|8|16]
+//                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
 //   --only runs one row, any context and batch (the first model whose name starts with
-//   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard).
+//   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard). The knobs force
+//   a plan choice (DecodeParams); --attn-pps: selected pages per sparse attention block.
 //       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--group-cluster 0|1|2|4|8]
 //                        [--only M CONTEXT BATCH]
 //   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
@@ -168,6 +169,7 @@ struct Opts {
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
   int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
+  int attn_pps = 0;                       // sparse attention pages a split: 0 the plan's rule
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   double ceiling = 4.4;
   FILE* csv = nullptr;
@@ -304,6 +306,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   plan.cfg.select.tau = o.tau;
   plan.select_chunk_pages = o.select_chunk;
   plan.select_cluster = o.select_cluster;
+  plan.attn_pages_per_split = o.attn_pps;
   {
     cuda::Decoder dec(plan);
     const QueryView qv{D.q, m.hq};
@@ -361,9 +364,10 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     std::printf(
         "  build_filled launch (%d x %d KV heads): %.1f us with a page completing, %.1f us with "
         "none; amortised %.2f%% of the step (aligned), %.2f%% (staggered); dense %.2f GB, LOCKS "
-        "%.1f MB, floor %.4f ms; scoring blocks of %d pages\n",
+        "%.1f MB, floor %.4f ms; scoring blocks of %d pages; attention splits of %d pages\n",
         B, m.hkv, t_build_full * 1e3, t_build_none * 1e3, 100 * t_build_step / t_locks,
-        100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms, score_chunk);
+        100 * t_build_stag / t_locks, dense_bytes / 1e9, locks_bytes / 1e6, floor_ms, score_chunk,
+        dec.decode_plan().sparse_pages_per_split);
     std::fflush(stdout);
     if (o.csv)
       std::fprintf(o.csv,
@@ -471,6 +475,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
   p.select_cluster = o.select_cluster;
   p.group_cluster = o.group_cluster;
+  p.attn_pages_per_split = o.attn_pps;
   const DecodePlan plan = cuda::plan_decode(p);
   void* wsp;
   CK(cudaMalloc(&wsp, std::max<size_t>(plan.workspace_bytes, 256)));
@@ -578,6 +583,8 @@ int main(int argc, char** argv) {
       o.select_cluster = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--select-chunk") == 0 && i + 1 < argc)
       o.select_chunk = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--attn-pps") == 0 && i + 1 < argc)
+      o.attn_pps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
       only_model = argv[i + 1];
       only_ctx = std::atoll(argv[i + 2]);

@@ -34,6 +34,10 @@ struct DecodeParams {
   // (sequence, KV head): 0 = the plan's rule (small grids, fixed budget), -1 = never (the
   // separate aggregation and two-stage selection), 1, 2, 4, 8 or 16 to force one.
   int select_cluster = 0;
+  // Selected pages per split-K attention block (the sparse path): 0 = the plan's rule (one
+  // wave of the attention kernel over the planned batch, 4 to 32 pages a split), or a multiple
+  // of 4 in [4, 512] to force one (at most 512 splits a row: capacity / pages <= 512).
+  int attn_pages_per_split = 0;
   // The two-level (super-page) step, decode_two_level in contract.h (super_summary.h): off
   // by default. On: the plan sizes level 1's scores, the level-2 page list (list_cap) and
   // its regions; super's page_size, num_kv_heads and head_dim must match the cache, and
@@ -102,12 +106,13 @@ struct DecodePlan {
   static constexpr int kIntCapacity = 1;
   static constexpr int kIntTag = 2;
   static constexpr int kIntBackend = 3;
-  static constexpr int64_t kTag = 0x4c4f434b5307;  // "LOCKS" v7 (v2: tau, floor_pages;
+  static constexpr int64_t kTag = 0x4c4f434b5308;  // "LOCKS" v8 (v2: tau, floor_pages;
                                                    // v3: basis_group; v4: select_cluster;
                                                    // v5: two-level step, 96 ints;
                                                    // v6: select.dense_below;
-                                                   // v7: group_cluster)
-  static constexpr size_t kNumInts = 96;
+                                                   // v7: group_cluster;
+                                                   // v8: attn_pages_per_split, 128 ints)
+  static constexpr size_t kNumInts = 128;          // room for fields to come (zeros)
   std::vector<int64_t> to_ints() const;
   // Throws locks::InvalidArgument on a vector of another length or tag, or inconsistent
   // fields (regions outside workspace_bytes, capacity not the budget rule's).

@@ -45,10 +45,12 @@ void fields(Plan& p, F&& f) {
   f(p.params.select.dense_below);
   // v7: the group choice's cluster size.
   f(p.params.group_cluster), f(p.group_cluster);
+  // v8: the forced attention split.
+  f(p.params.attn_pages_per_split);
 }
 
 constexpr int kHead = 4;
-constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1 + 2;
+constexpr int kFields = 23 + 2 + 10 + 24 + 16 + 6 + 8 + 1 + 2 + 1;
 static_assert(kHead + kFields <= int(DecodePlan::kNumInts), "kNumInts too small");
 
 template <typename T>
@@ -109,6 +111,8 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
   p.backend = static_cast<Backend>(v[kIntBackend]);
   size_t i = kHead;
   fields(p, [&](auto& x) { from_int(v[i++], x); });
+  for (size_t j = i; j < n; ++j)  // room for later fields: a vector written by this version
+    LOCKS_REQUIRE(v[j] == 0, "plan vector element ", j, " must be 0 (unused), got ", v[j]);
   // Consistency: the fields a run call trusts.
   const DecodeParams& q = p.params;
   LOCKS_REQUIRE(

@@ -88,6 +88,11 @@ DecodePlan plan_decode(const DecodeParams& params) {
       "select_chunk_pages must be 0 (auto), 2048 or 4096, got ", p.select_chunk_pages);
   LOCKS_REQUIRE(p.score_chunk_pages == 0 || detail::score_chunk_supported(p.score_chunk_pages),
                 "score_chunk_pages must be 0 (auto), 32, 64, 96 or 128, got ", p.score_chunk_pages);
+  LOCKS_REQUIRE(p.attn_pages_per_split == 0 ||
+                    (p.attn_pages_per_split >= 4 && p.attn_pages_per_split <= 512 &&
+                     p.attn_pages_per_split % 4 == 0),
+                "attn_pages_per_split must be 0 (auto) or a multiple of 4 in [4, 512], got ",
+                p.attn_pages_per_split);
   const int M = p.max_blocks_per_seq, B = p.max_batch, Hq = p.num_q_heads, Hkv = L.num_kv_heads,
             G = plan.group;
   plan.score_chunks = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks
@@ -126,6 +131,13 @@ DecodePlan plan_decode(const DecodeParams& params) {
   // of multiplying them: at most kMaxDenseSplits, as the dense path.
   sparse_pps = std::max<int>(sparse_pps, int(ceil_div(plan.capacity, kMaxDenseSplits)));
   plan.sparse_pages_per_split = (sparse_pps + 3) / 4 * 4;
+  if (p.attn_pages_per_split > 0) {  // forced (e.g. by a benchmark's sweep)
+    LOCKS_REQUIRE(ceil_div(plan.capacity, p.attn_pages_per_split) <= kMaxDenseSplits,
+                  "attn_pages_per_split ", p.attn_pages_per_split, " gives ",
+                  ceil_div(plan.capacity, p.attn_pages_per_split), " splits of a ", plan.capacity,
+                  "-page capacity (at most ", kMaxDenseSplits, ")");
+    plan.sparse_pages_per_split = p.attn_pages_per_split;
+  }
   plan.sparse_splits = ceil_div(plan.capacity, plan.sparse_pages_per_split);
   // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each
   // block start), 16 to 128 pages each, at most kMaxDenseSplits per sequence.

@@ -32,6 +32,7 @@ Decoder::Decoder(const Plan& plan) : plan_(plan) {
   p.score_chunk_pages = plan.score_chunk_pages;
   p.select_chunk_pages = plan.select_chunk_pages;
   p.select_cluster = plan.select_cluster;
+  p.attn_pages_per_split = plan.attn_pages_per_split;
   dplan_ = plan_decode(p);
   ws_.bytes = dplan_.workspace_bytes;
   LOCKS_CUDA_CHECK(cudaMalloc(&ws_.data, std::max<size_t>(ws_.bytes, 256)));

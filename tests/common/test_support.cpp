@@ -88,6 +88,11 @@ TEST(Plan, IntsRoundTripAndRejectForeignVectors) {
   bad = v;
   bad[DecodePlan::kIntWorkspaceBytes] = 16;
   EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
+  // The elements after the last field are room for later versions: zero, or refused.
+  EXPECT_EQ(v.back(), 0);
+  bad = v;
+  bad.back() = 1;
+  EXPECT_THROW(DecodePlan::from_ints(bad), InvalidArgument);
 }
 
 TEST(Plan, IntsCarryTheAdaptiveBudget) {

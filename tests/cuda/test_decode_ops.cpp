@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <string>
 
 #include "cuda_arith.h"
 #include "gpu_helpers.h"
@@ -146,12 +147,11 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   EXPECT_EQ(gp, cp);
 
   // 4. sparse attention with the GPU selection, dense attention: vs float64 reference.
-  for (int dense = 0; dense < 2; ++dense) {
+  const Selection hsel{gp.data(), gcnt.data(), cap};
+  auto check_attention = [&](cuda::Decoder& ad, bool dense, const std::string& what) {
     DevBuf<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
     out.poison(), lse.poison();
-    const Selection hsel{gp.data(), gcnt.data(), cap};
-    dec.attend(gc.dview(), db, dqv, dense ? nullptr : &gsel, AttentionOutput{out.p, lse.p},
-               nullptr);
+    ad.attend(gc.dview(), db, dqv, dense ? nullptr : &gsel, AttentionOutput{out.p, lse.p}, nullptr);
     CK(cudaDeviceSynchronize());
     const auto o = out.download(), ls = lse.download();
     std::vector<double> ro(o.size()), rl(ls.size());
@@ -162,15 +162,26 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
       double num = 0, den = 1e-30;
       for (int e = 0; e < d; ++e) {
         const double x = o[size_t(i) * d + e], y = ro[size_t(i) * d + e];
-        ASSERT_TRUE(std::isfinite(x)) << "output " << i;
+        ASSERT_TRUE(std::isfinite(x)) << what << " output " << i;
         num += (x - y) * (x - y);
         den += y * y;
       }
       worst_o = std::max(worst_o, std::sqrt(num / den));
       worst_l = std::max(worst_l, std::fabs(ls[size_t(i)] - rl[size_t(i)]));
     }
-    EXPECT_LT(worst_o, 1e-2) << (dense ? "dense" : "sparse") << " output rel L2";
-    EXPECT_LT(worst_l, 1e-3) << (dense ? "dense" : "sparse") << " lse";
+    EXPECT_LT(worst_o, 1e-2) << what << " output rel L2";
+    EXPECT_LT(worst_l, 1e-3) << what << " lse";
+  };
+  check_attention(dec, false, "sparse");
+  check_attention(dec, true, "dense");
+  // 4b. forced sparse split lengths (DecodeParams::attn_pages_per_split): one page a warp,
+  // an uneven split, several pages a warp, a split past a warp's 32-page block-id window.
+  for (int pps : {4, 12, 32, 256}) {
+    cuda::Plan forced = plan;
+    forced.attn_pages_per_split = pps;
+    cuda::Decoder fd(forced);
+    ASSERT_EQ(fd.decode_plan().sparse_pages_per_split, pps);
+    check_attention(fd, false, "sparse, " + std::to_string(pps) + " pages a split");
   }
 
   // 5. the whole step vs cpu::Decoder: same page sets except where group scores tie.
@@ -450,6 +461,40 @@ TEST(DecodePlan, ScoreChunkRule) {
     EXPECT_EQ(chunk(1, 8192, 0), 128);  // 128K: 512 blocks, one wave
     EXPECT_EQ(chunk(1, 16384, 0), 96);  // 256K: 1024 blocks of 128 = 1.29 waves -> 1368 of 96
   }
+}
+
+// The forced attention split (DecodeParams::attn_pages_per_split): taken as given, carried by
+// the plan vector, refused outside multiples of 4 in [4, 512] and where it would give a row
+// more than 512 splits (a capacity raised by the minimum context).
+TEST(DecodePlan, AttentionSplitKnob) {
+  SKIP_WITHOUT_GPU();
+  auto plan = [](int forced, int dense_below) {
+    const CacheLayout L{1 << 16, 16, 8, 128, DType::bf16};
+    DecodeParams p;
+    p.cache = L;
+    p.summary = summary_layout_for(L, 8, Precision::quant);
+    p.num_q_heads = 32, p.max_batch = 1, p.max_blocks_per_seq = 8192;
+    p.select = SelectConfig{2048, 1, 2};
+    p.select.dense_below = dense_below;
+    p.attn_pages_per_split = forced;
+    return cuda::plan_decode(p);
+  };
+  const DecodePlan rule = plan(0, 0);
+  EXPECT_GE(rule.sparse_pages_per_split, 4);
+  EXPECT_EQ(rule.sparse_pages_per_split % 4, 0);
+  for (const int pps : {4, 8, 12, 64, 512}) {
+    const DecodePlan f = plan(pps, 0);
+    EXPECT_EQ(f.sparse_pages_per_split, pps);
+    EXPECT_EQ(f.sparse_splits, (f.capacity + pps - 1) / pps);
+    EXPECT_EQ(f.dense_splits, rule.dense_splits);  // the dense path keeps its rule
+    const DecodePlan back = DecodePlan::from_ints(f.to_ints());
+    EXPECT_EQ(back.params.attn_pages_per_split, pps);
+    EXPECT_EQ(back.to_ints(), f.to_ints());
+  }
+  for (const int pps : {-4, 2, 6, 516, 1024}) EXPECT_THROW(plan(pps, 0), InvalidArgument) << pps;
+  // 128K tokens of minimum context: 8192 pages of capacity, 2048 splits of 4 pages.
+  EXPECT_THROW(plan(4, 131072), InvalidArgument);
+  EXPECT_EQ(plan(16, 131072).sparse_splits, 512);
 }
 
 }  // namespace

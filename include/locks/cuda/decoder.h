@@ -43,6 +43,9 @@ struct Plan {
   // Aggregation + selection in one cluster launch: 0 = the plan's rule, -1 = never, 1-16
   // (a power of two) to force that many blocks per (sequence, KV head).
   int select_cluster = 0;
+  // Selected pages per split-K attention block: 0 = the plan's rule; a multiple of 4 in
+  // [4, 512] to force one (DecodeParams::attn_pages_per_split).
+  int attn_pages_per_split = 0;
   // The summaries the decoder will score (geometry from cache).
   int rank = 8;
   Precision precision = Precision::quant;
