@@ -171,6 +171,60 @@ def test_each_batch_size_runs_the_plan_of_its_bucket(setup):
     assert s.impl.wrapper_for(1) is s.impl.wrappers[0][1] and s.impl.wrapper_for(3) is s.impl.wrapper
 
 
+def tables3():
+    """Block tables of three sequences (21 blocks each) over the NB blocks, shuffled."""
+    perm = torch.randperm(NB, generator=torch.Generator().manual_seed(7)).to(torch.int32)
+    return torch.stack([perm[:21], perm[21:42], perm[42:63]])
+
+
+def flash_rows(s, q, bt, cm, rows):
+    """FlashAttention's output (torch_flash_varlen) for the requests in `rows` of a step."""
+    want = torch.zeros(q.shape, dtype=torch.bfloat16)
+    torch_flash_varlen(q=q, k=s.kv[0], v=s.kv[1], out=want, cu_seqlens_q=cm.query_start_loc,
+                       max_seqlen_q=cm.max_query_len, seqused_k=cm.seq_lens, max_seqlen_k=cm.max_seq_len,
+                       softmax_scale=1 / math.sqrt(D), causal=True, block_table=bt)
+    qsl = cm.query_start_loc.tolist()
+    return want[qsl[rows.start]:qsl[rows.stop]]
+
+
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_mixed_batch_decode_rows_are_sparse(setup, runner):
+    """Decodes first, then a new prompt (continuous batching with chunked prefill): the decode
+    rows take the LOCKS step, the prompt FlashAttention over its own rows."""
+    s = setup({"precision": "fp32", "budget": 64}, runner=runner)
+    bt, gen = tables3(), torch.Generator().manual_seed(8)
+    step(s, bt[:2], [100, 37], [100, 37], gen)
+    cm, md, q, out = step(s, bt, [1, 1, 50], [101, 38, 50], gen)
+    assert not md.pure_decode and md.mixed_decodes and md.num_decodes == 2
+    assert s.impl.wrapper_for(2).runs[-1] == (2, False)
+    want, _ = ref.decode(q[:2].float(), s.kv[0], s.kv[1], s.impl.side.summaries(), bt[:2],
+                         cm.seq_lens[:2], budget=64)
+    dense = dense_of(s, q[:2], bt[:2], cm.seq_lens[:2])
+    tol = 2 ** -7
+    assert (out[:2].double() - want).abs().max() < tol
+    assert (want[0] - dense[0]).abs().max() > 10 * tol          # sequence 0 really was sparse
+    assert torch.equal(out[2:], flash_rows(s, q, bt, cm, range(2, 3)))  # the prompt: FlashAttention
+    check_summaries(s, full_blocks(bt, [101, 38, 50]))          # the prompt's 3 full blocks built
+    # A chunk of a longer prompt (an extend: 40 more tokens on 50) beside one decode.
+    cm, md, q, out = step(s, bt[1:], [1, 40], [39, 90], gen)
+    assert md.mixed_decodes and md.num_decodes == 1
+    assert (out[:1].double() - dense_of(s, q[:1], bt[1:2], cm.seq_lens[:1])).abs().max() < tol
+    assert torch.equal(out[1:], flash_rows(s, q, bt[1:], cm, range(1, 2)))
+
+
+def test_mixed_batch_below_min_context_stays_on_flash_attention(setup):
+    """No sequence of a mixed batch reaches min_context: the whole batch on FlashAttention (the
+    decode rows are cheaper there), as before the mixed path."""
+    s = setup({"precision": "fp32", "budget": 64, "min_context": 4096})
+    bt, gen = tables3(), torch.Generator().manual_seed(9)
+    step(s, bt[:2], [100, 37], [100, 37], gen)
+    runs = [len(w.runs) for _, w in s.impl.wrappers]
+    cm, md, q, out = step(s, bt, [1, 1, 50], [101, 38, 50], gen)
+    assert not md.pure_decode and not md.mixed_decodes and md.num_decodes == 2
+    assert [len(w.runs) for _, w in s.impl.wrappers] == runs       # no LOCKS step ran
+    assert torch.equal(out, flash_rows(s, q, bt, cm, range(0, 3)))
+
+
 def test_min_context_dense_switch_eager_only(setup):
     s = setup({"precision": "fp32", "budget": 64, "min_context": 4096})
     bt, gen = tables(), torch.Generator().manual_seed(2)

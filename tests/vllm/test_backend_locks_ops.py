@@ -104,3 +104,21 @@ def test_real_ops_min_context_above_budget_per_sequence(monkeypatch, precision):
     dense = dense_of(s, q, bt, cm.seq_lens)
     assert (out[1].double() - dense[1]).abs().max() < 2 ** -7
     assert (want[0] - dense[0]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_real_ops_mixed_batch(monkeypatch, precision):
+    """Two decodes and a new prompt in one step: the decode rows through the compiled LOCKS step
+    (checked against the reference over the pages it selected), the prompt through
+    FlashAttention (here the torch stand-in) over its own rows."""
+    s = _make(monkeypatch, {"precision": precision, "budget": 64})
+    bt, gen = tb.tables3(), torch.Generator().manual_seed(10)
+    step(s, bt[:2], [100, 37], [100, 37], gen)
+    cm, md, q, out = step(s, bt, [1, 1, 50], [101, 38, 50], gen)
+    assert md.mixed_decodes and md.num_decodes == 2
+    b = md.bufs
+    pages = [[[int(x) for x in b.pages[i, h, : int(b.counts[i, h])]] for h in range(H)] for i in range(2)]
+    assert pages[0][0][-1] == 6 and len(pages[0][0]) == 4 and pages[1] == [[0, 1, 2], [0, 1, 2]]
+    want, _ = ref.attend(q[:2].float(), s.kv[0], s.kv[1], bt[:2], cm.seq_lens[:2], pages)
+    assert ((out[:2].double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()
+    assert torch.equal(out[2:], tb.flash_rows(s, q, bt, cm, range(2, 3)))

@@ -19,6 +19,9 @@ from .library import ops
 class LocksMetadata:
     fa: FlashAttentionMetadata            # FlashAttention's metadata (prefill / mixed batches)
     pure_decode: bool                     # every request has query length 1: the LOCKS path
+    num_decodes: int                      # leading requests of query length 1 (decodes first)
+    mixed_decodes: bool                   # a mixed batch whose decode rows take the LOCKS path (the
+                                          # rest FlashAttention): some sequence reaches min_context
     dense: bool                           # LOCKS dense kernel for the whole batch (eager only: every
                                           # sequence below min_context; in graphs the plan's
                                           # dense_below keeps each short sequence exact)
@@ -144,6 +147,12 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         # Every sequence below the minimum context (eager only: a graph cannot switch paths; there
         # and in mixed batches the plan's dense_below keeps each short sequence exact).
         dense = (not self.full_graphs) and cm.max_seq_len < self.settings.effective_min_context
-        return LocksMetadata(fa=fa, pure_decode=pure, dense=dense, num_reqs=n_reqs,
-                             slot_mapping=b.slot_mapping, block_table=b.block_table,
-                             seq_lens=b.seq_lens, bufs=b)
+        # A mixed batch (decodes first, then prefills / extends; attention runs outside graphs
+        # there): its decode rows take the LOCKS path too, unless no sequence of the batch reaches
+        # min_context (then the whole batch stays on FlashAttention, as short decodes are
+        # cheaper there; a decode row shorter than min_context is exact through dense_below).
+        mixed = (not pure and 0 < num_decodes <= b.max_batch
+                 and cm.max_seq_len >= self.settings.effective_min_context)
+        return LocksMetadata(fa=fa, pure_decode=pure, num_decodes=num_decodes, mixed_decodes=mixed,
+                             dense=dense, num_reqs=n_reqs, slot_mapping=b.slot_mapping,
+                             block_table=b.block_table, seq_lens=b.seq_lens, bufs=b)

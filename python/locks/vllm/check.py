@@ -1,6 +1,6 @@
 """GPU checks of the vLLM plugin (run on the H200 through scripts/vllm_gpu.sh).
 
-  python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc]
+  python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc,v2-graph-chunked]
   python -m locks.vllm.check latency --out DIR [--rows "glm 131072 1;glm 1048576 1;llama 131072 4"]
   python -m locks.vllm.check judge --out DIR   (the correct verdict again, from DIR's saved runs)
 
@@ -50,7 +50,12 @@ SHAPES = {"glm": (40, 4, 128, 9.40e9), "llama": (32, 8, 128, 8.03e9)}
 CORRECT_CONFIGS = {  # name: (V2 runner, full decode graphs, prefix caching)
     "v2-graph-pc": (True, True, True), "v2-eager": (True, False, False),
     "v1-graph": (False, True, False), "v1-eager-pc": (False, False, True),
+    "v2-graph-chunked": (True, True, False),
 }
+# Configurations with a small token budget a step (max_num_batched_tokens): the ragged prompts
+# prefill in chunks over many steps while the shorter ones already decode, so steps mix decode
+# rows (the LOCKS step) with prefill chunks (FlashAttention over the rows after them).
+CORRECT_CHUNK = {"v2-graph-chunked": 256}
 # The LOCKS settings that must decode exactly (every prompt + 32 tokens < 2,100): a budget above
 # the context, or (v1-graph) a small budget under a minimum context above the context, which
 # keeps every sequence dense per sequence inside the full decode graphs (the plan's dense_below).
@@ -423,6 +428,8 @@ def correct(args) -> int:
         if pc:  # the second pass hits the prefix cache: summaries of cached blocks are reused
             runs.append({"name": "ragged_again", "prompts": ragged, "max_tokens": 32, "logprobs": 5})
         kw = dict(base, enable_prefix_caching=pc, graphs=graphs)
+        if name in CORRECT_CHUNK:
+            kw["max_num_batched_tokens"] = CORRECT_CHUNK[name]
         first_config = name == args.configs.split(",")[0]
         with_pk = first_config and args.passkey
         fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
@@ -433,7 +440,8 @@ def correct(args) -> int:
         # The noise floor: vLLM's own second exact backend against FLASH_ATTN, same settings,
         # in every configuration (config_noise_floor).
         tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
-        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "locks_settings": dense_locks}
+        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "locks_settings": dense_locks,
+                 "max_num_batched_tokens": kw.get("max_num_batched_tokens")}
         if fa is None or lk is None or tr is None:
             entry["error"] = "engine failed (see logs)"
             ok = False

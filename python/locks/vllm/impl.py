@@ -189,8 +189,18 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
         ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
                              slot_mapping=md.slot_mapping[:n])
+        if md.mixed_decodes:
+            # Decode rows [0, nd) sparse, the prefill / extend rows after them on FlashAttention.
+            nd = md.num_decodes
+            self._decode(md, query, k_cache, v_cache, summaries, output, nd, dense=False)
+            return self._prefill(layer, query, k_cache, v_cache, md.fa, output, first=nd,
+                                 num_reqs=md.num_reqs)
         if not md.pure_decode or n > md.bufs.max_batch:
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
+        return self._decode(md, query, k_cache, v_cache, summaries, output, n, dense=md.dense)
+
+    def _decode(self, md, query, k_cache, v_cache, summaries, output, n: int, dense: bool):
+        """The LOCKS step over requests [0, n), one query token each (tokens [0, n))."""
         b = md.bufs
         self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
         # vLLM's query (a strided view of the QKV projection, model dtype) and output buffer go
@@ -198,25 +208,35 @@ class LocksAttentionImpl(FlashAttentionImpl):
         q = query[:n].reshape(n, self.num_heads, self.head_size)  # a view where the layout allows
         out = output.view(-1, self.num_heads, self.head_size)[:n]
         self.wrapper_for(n).run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
-                         out=out, lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
-                         dense=md.dense)
+                                out=out, lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
+                                dense=dense)
         return output
 
-    def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output):
+    def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output,
+                 first: int = 0, num_reqs: int | None = None):
+        """FlashAttention over requests [first, num_reqs) (all of them by default): with first > 0
+        the decode rows before them went through the LOCKS step, and FlashAttention gets the
+        rows after them (their tokens start at token `first`: one token a decode row)."""
         n = fa.num_actual_tokens
         if fa.max_query_len > 1 and skip_prefill():  # benchmark-only mode, bench_backends.py
-            output[:n].zero_()
+            output[first:n].zero_()
             return output
         fn = flash_attn_varlen_func
         if fn is None:
             raise RuntimeError("LOCKS backend: vLLM's FlashAttention is not available for prefill")
-        descale_shape = (fa.query_start_loc.shape[0] - 1, self.num_kv_heads)
-        fn(q=query[:n], k=k_cache, v=v_cache,
-           out=output.view(-1, self.num_heads, self.head_size)[:n],
-           cu_seqlens_q=fa.query_start_loc, max_seqlen_q=fa.max_query_len, seqused_k=fa.seq_lens,
+        qsl, seq_lens, block_table, sched = (fa.query_start_loc, fa.seq_lens, fa.block_table,
+                                             fa.scheduler_metadata)
+        if first > 0:  # the rows after the decodes; FlashAttention's precomputed schedule was
+            # made for the whole batch, so it plans this call itself
+            qsl = qsl[first:num_reqs + 1] - first
+            seq_lens, block_table, sched = seq_lens[first:num_reqs], block_table[first:num_reqs], None
+        descale_shape = (qsl.shape[0] - 1, self.num_kv_heads)
+        fn(q=query[first:n], k=k_cache, v=v_cache,
+           out=output.view(-1, self.num_heads, self.head_size)[first:n],
+           cu_seqlens_q=qsl, max_seqlen_q=fa.max_query_len, seqused_k=seq_lens,
            max_seqlen_k=fa.max_seq_len, softmax_scale=self.scale, causal=True,
-           window_size=None, block_table=fa.block_table, softcap=0.0,
-           scheduler_metadata=fa.scheduler_metadata, fa_version=self.vllm_flash_attn_version,
+           window_size=None, block_table=block_table, softcap=0.0,
+           scheduler_metadata=sched, fa_version=self.vllm_flash_attn_version,
            q_descale=None, k_descale=layer._k_scale.expand(descale_shape),
            v_descale=layer._v_scale.expand(descale_shape), num_splits=fa.max_num_splits)
         return output
