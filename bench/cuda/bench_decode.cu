@@ -7,7 +7,8 @@
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
 //                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
-//   --only runs one row, any context and batch (the first model whose name starts with
+//   --only runs one row, any context (tokens; the last page may be partial) and batch (the
+//   first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard). The knobs force
 //   a plan choice (DecodeParams); --attn-pps: selected pages per sparse attention block.
 //       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--group-cluster 0|1|2|4|8]
@@ -185,7 +186,8 @@ int reps_for(double dense_bytes, bool quick) {
 }
 
 // One row's data on the device: K/V (random bf16), a block table with the sequences
-// interleaved over the pool (block j of sequence b is j*B+b), full lengths, block ids, the
+// interleaved over the pool (block j of sequence b is j*B+b), every length ctx (the last page
+// partial unless ctx is a multiple of 16), block ids, the
 // quant summaries of every page (built on the GPU, bulk), a query and an output. Both the
 // flat and the two-level rows run on it; freed with the row.
 struct RowData {
@@ -203,7 +205,7 @@ struct RowData {
   KvCacheView cache{};
 
   RowData(const Model& m, int64_t ctx, int B)
-      : pages(ctx / kP),
+      : pages((ctx + kP - 1) / kP),
         blocks(pages * B),
         kv_bytes(size_t(blocks) * kP * m.hkv * m.d * 2),
         nb(size_t(blocks) * m.hkv),
@@ -260,38 +262,53 @@ struct RowData {
   RowData& operator=(const RowData&) = delete;
 };
 
-void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
-  const int64_t pages = ctx / kP;
-  const int64_t blocks = pages * B;
+// Why a row cannot run here ("" if it can): its shape (the int32 lengths and block ids the
+// kernels take, the plan's batch limit) or device memory (K + V + summaries + workspace, with
+// 1 GiB to spare). Every row the bench is asked for either runs or prints this reason.
+std::string row_problem(const Model& m, int64_t ctx, int B) {
+  if (ctx < 1) return "context below one token";
+  if (ctx > INT32_MAX - kP) return "context above 2^31 - 17 tokens (int32 lengths)";
+  if (B < 1 || B > 65535) return "batch outside [1, 65535] (the plan's max_batch)";
+  const int64_t pages = (ctx + kP - 1) / kP, blocks = pages * B;
+  if (blocks * m.hkv >= (int64_t(1) << 31)) return "blocks x KV heads >= 2^31";
   const double gib = double(1 << 30);
-  auto skip = [&](const std::string& why) {
-    std::printf("%-19s %8lld %5d | skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
-    if (o.csv)
-      std::fprintf(o.csv, "%s,%lld,%d,skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
-    std::fflush(stdout);
-  };
-  if (pages < 1) return skip("context below one page");
-  if (blocks * m.hkv >= (int64_t(1) << 31)) return skip("blocks x KV heads >= 2^31");
   const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;  // one of K or V (bf16)
-  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
-  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
-  const size_t nb = size_t(blocks) * m.hkv;
-  const size_t summ = nb * summary_bytes_per_page(sl);
+  const CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
+  const size_t summ = size_t(blocks) * m.hkv *
+                      summary_bytes_per_page(summary_layout_for(L, kRank, Precision::quant));
   // Decoder workspace (scores, partials, candidates) and the index arrays, roughly.
   const size_t ws = size_t(B) * pages * 4 * (2 * size_t(m.hq) + 2 * m.hkv) + size_t(blocks) * 12 +
                     (size_t(64) << 20);
   const size_t need = 2 * kv_bytes + summ + ws;
   size_t free_b = 0, total_b = 0;
   CK(cudaMemGetInfo(&free_b, &total_b));
-  if (need + (size_t(1) << 30) > free_b) {
-    char why[256];
-    std::snprintf(why, sizeof why,
-                  "needs %.1f GiB (K+V %.1f, summaries %.1f, workspace %.1f) of %.1f GiB free "
-                  "(%.1f GiB device)",
-                  need / gib, 2 * kv_bytes / gib, summ / gib, ws / gib, free_b / gib,
-                  total_b / gib);
-    return skip(why);
-  }
+  if (need + (size_t(1) << 30) <= free_b) return "";
+  char why[256];
+  std::snprintf(why, sizeof why,
+                "needs %.1f GiB (K+V %.1f, summaries %.1f, workspace %.1f) of %.1f GiB free "
+                "(%.1f GiB device)",
+                need / gib, 2 * kv_bytes / gib, summ / gib, ws / gib, free_b / gib, total_b / gib);
+  return why;
+}
+
+void print_skip(const Model& m, int64_t ctx, int B, const std::string& why, const Opts& o) {
+  std::printf("%-19s %8lld %5d | skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
+  if (o.csv)
+    std::fprintf(o.csv, "%s,%lld,%d,skipped: %s\n", m.name, (long long)ctx, B, why.c_str());
+  std::fflush(stdout);
+}
+
+void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
+  if (const std::string why = row_problem(m, ctx, B); !why.empty())
+    return print_skip(m, ctx, B, why, o);
+  const int64_t pages = (ctx + kP - 1) / kP, full_pages = ctx / kP;
+  const int64_t blocks = pages * B;
+  const size_t nb = size_t(blocks) * m.hkv;                       // (page, KV head) pairs
+  const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;  // one of K or V (bf16)
+  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
+  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
+  // The summaries a step reads: every full page's (a partial last page has none).
+  const size_t summ = size_t(full_pages) * B * m.hkv * summary_bytes_per_page(sl);
   const double dense_bytes = 2.0 * kv_bytes;
   const int reps = reps_for(dense_bytes, o.quick);
   RowData D(m, ctx, B);
@@ -324,12 +341,15 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
                                  : median_ms([&] { dec.select(batch, st); }, st, reps);
     const Selection sel = dec.selection();
     const double t_attn = median_ms([&] { dec.attend(cache, batch, qv, &sel, ao, st); }, st, reps);
-    // Incremental summary build in the step's graph: every sequence completes a page
-    // (lens are multiples of 16); amortised, a page completes once per 16 steps, and
-    // steps where none completes pay the early-exit launch only.
+    // Incremental summary build in the step's graph: every sequence completes a page;
+    // amortised, a page completes once per 16 steps, and steps where none completes pay the
+    // early-exit launch only.
+    // (lengths set to the whole pages held, then one token short of them: the same pages)
     Graph g_build([&] { builder.build_filled(cache, batch, 1, s, st); }, st);
+    std::vector<int32_t> lens_full(size_t(B), int32_t(pages * kP)), lens_odd(lens_full);
+    for (int32_t& n : lens_odd) n -= 1;
+    CK(cudaMemcpy(D.dlens, lens_full.data(), lens_full.size() * 4, cudaMemcpyHostToDevice));
     const double t_build_full = median_ms([&] { g_build.launch(st); }, st, reps);
-    std::vector<int32_t> lens_odd(size_t(B), int32_t(ctx - 1));
     CK(cudaMemcpy(D.dlens, lens_odd.data(), lens_odd.size() * 4, cudaMemcpyHostToDevice));
     const double t_build_none = median_ms([&] { g_build.launch(st); }, st, reps);
     CK(cudaMemcpy(D.dlens, D.lens.data(), D.lens.size() * 4, cudaMemcpyHostToDevice));
@@ -412,6 +432,8 @@ __global__ void fill_scale(float* p, size_t n, uint32_t seed, float lo, float hi
 // The two-level step vs flat LOCKS vs dense, one plan (params.two_level on: the flat and
 // dense ops run from the same plan and workspace), CUDA graphs, L2 flushed before each.
 void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opts& o) {
+  if (const std::string why = row_problem(m, ctx, B); !why.empty())
+    return print_skip(m, ctx, B, why, o);
   RowData D(m, ctx, B);
   D.build_summaries();
   const int64_t pages = D.pages;
@@ -546,7 +568,7 @@ void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ct
   std::vector<Row> rows = {
       {"Llama-3.1-8B", 1048576, 1}, {"GLM-4-9B", 1048576, 1}, {"Llama-3.1-8B", 131072, 8}};
   if (!only_model.empty()) rows = {{only_model.c_str(), only_ctx, only_batch}};
-  for (const Row& r : rows)
+  for (const Row& r : rows)  // (--only names a model main() has checked)
     for (const Model& m : kModels)
       if (std::string(m.name).rfind(r.model, 0) == 0) {
         for (int budget : {512, 2048}) run_two_level_row(m, r.ctx, r.batch, budget, o);
@@ -600,6 +622,18 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaMalloc(&g_flush, kFlushBytes));
   o.csv = csv_path && std::strncmp(csv_path, "--", 2) != 0 ? std::fopen(csv_path, "w") : nullptr;
+  if (!only_model.empty()) {  // --only: a model the bench knows (any context and batch: a row
+                              // that cannot run says why)
+    const Model* pick = nullptr;
+    for (const Model& m : kModels)
+      if (!pick && std::string(m.name).rfind(only_model, 0) == 0) pick = &m;
+    if (!pick) {
+      std::printf("--only %s: no model name starts with it (models:", only_model.c_str());
+      for (const Model& m : kModels) std::printf(" %s", m.name);
+      std::printf(")\n");
+      return 2;
+    }
+  }
   if (o.two_level) {
     run_two_level(o, only_model, only_ctx, only_batch);
     if (o.csv) std::fclose(o.csv);
@@ -617,21 +651,11 @@ int main(int argc, char** argv) {
               "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
               "attn%", "cl");
   if (!only_model.empty()) {
-    const Model* pick = nullptr;
     for (const Model& m : kModels)
-      if (!pick && std::string(m.name).rfind(only_model, 0) == 0) pick = &m;
-    if (!pick) {
-      std::printf("--only %s: no model name starts with it (models:", only_model.c_str());
-      for (const Model& m : kModels) std::printf(" %s", m.name);
-      std::printf(")\n");
-      return 2;
-    }
-    if (only_ctx < kP || only_ctx % kP != 0 || only_batch < 1) {
-      std::printf("--only %s %lld %d: context must be a multiple of 16 tokens and batch >= 1\n",
-                  pick->name, (long long)only_ctx, only_batch);
-      return 2;
-    }
-    run_row(*pick, only_ctx, only_batch, o);
+      if (std::string(m.name).rfind(only_model, 0) == 0) {
+        run_row(m, only_ctx, only_batch, o);
+        break;
+      }
   } else {
     struct Row {
       const char* model;
