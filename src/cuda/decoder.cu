@@ -107,9 +107,9 @@ DecodePlan plan_decode(const DecodeParams& params) {
   // the two-stage path: its mass search reads whole rows of group scores).
   LOCKS_REQUIRE(p.select.tau == 0.0f || p.select_cluster <= 0,
                 "select_cluster > 0 needs the fixed budget (tau = 0), got tau ", p.select.tau);
-  plan.select_cluster =
-      p.select.tau > 0.0f ? 0
-                          : detail::select_cluster_size(M, int64_t(B) * Hkv, sms, p.select_cluster);
+  plan.select_cluster = p.select.tau > 0.0f ? 0
+                                            : detail::select_cluster_size(M, int64_t(B) * Hkv, G,
+                                                                          sms, p.select_cluster);
   // Pages per scoring block: the tensor-core path's (smaller when the grid would not fill
   // the GPU, or forced), else the CUDA-core kernel's fixed chunk. Aggregation reads the
   // partials of this chunk size.
@@ -173,7 +173,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
         p.select_chunk_pages ? p.select_chunk_pages : detail::select_chunk_pages(Lc);
     plan.l2_select_chunks = ceil_div(Lc, plan.l2_select_chunk_pages);
     plan.l2_select_cluster =
-        detail::select_cluster_size(Lc, int64_t(B) * Hkv, sms, p.select_cluster);
+        detail::select_cluster_size(Lc, int64_t(B) * Hkv, G, sms, p.select_cluster);
     cand_chunks = std::max(cand_chunks, plan.l2_select_chunks);
   }
   locks::detail::RegionAlloc a;

@@ -53,10 +53,11 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
 // Aggregation + selection in one launch (select_cluster.cu): blocks of a thread-block cluster
 // per (KV head, sequence), 1 to kMaxSelectCluster of them, each over <= kSelectChunk pages.
 constexpr int kMaxSelectCluster = 16;
-// The plan's cluster size for max_pages a sequence over rows = batch x KV heads: forced > 0
-// (checked: a power of two that holds the row and fits the device), forced < 0 never, 0 the
-// rule (clusters for grids of up to about one wave; 0 = the two-stage path).
-int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced);
+// The plan's cluster size for max_pages a sequence over rows = batch x KV heads (group: query
+// heads a KV head): forced > 0 (checked: a power of two that holds the row and fits the
+// device), forced < 0 never, 0 the rule (clusters for grids of up to about one wave; 0 = the
+// two-stage path).
+int select_cluster_size(int64_t max_pages, int64_t rows, int group, int sms, int forced);
 void prepare_select_kernels();  // sets the non-portable cluster size attribute once
 // Whether a cluster of this size aggregates too (<= 8 blocks); 16 selects from the group
 // scores of a separate aggregation launch.

@@ -214,7 +214,7 @@ bool cluster_fits(int cs) {
 
 }  // namespace
 
-int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
+int select_cluster_size(int64_t max_pages, int64_t rows, int group, int sms, int forced) {
   const int64_t need = (max_pages + kSelectChunk - 1) / kSelectChunk;  // fewest blocks a row
   if (forced < 0) return 0;
   if (forced > 0) {
@@ -237,6 +237,17 @@ int select_cluster_size(int64_t max_pages, int64_t rows, int sms, int forced) {
   // More blocks per row while the grid stays within a wave and each keeps >= 512 pages.
   while (cs < 8 && rows * cs * 2 <= sms && max_pages / (cs * 2) >= 512 && cluster_fits(cs * 2))
     cs *= 2;
+  // Then 16 (not fused: the separate aggregation's group scores, v31) where a block of 8 would
+  // still hold >= 4096 pages, or >= 2048 at GQA groups >= 8 (a page's G head scores are the
+  // aggregation's work), while the grid stays within a wave. Sweep on the H200 (2026-12-04,
+  // docs/cuda_notes.md v31): 16 blocks take GLM-4-9B (G 16) 512K b1 from 82.7 to 68.2 us a
+  // step, 256K b1 60.3 -> 56.1, Llama-3.1-70B TP8 (G 8) 512K b1 53.2 -> 44.9, Llama-3.1-8B (G 4)
+  // 512K b1 120.2 -> 117.7; at 1024 pages a block (GLM 128K b1) or G 4 at 2048 (Llama 256K b1)
+  // they lose 1.3-1.4 us.
+  const int64_t per8 = (max_pages + 7) / 8;
+  if (cs == 8 && rows * 16 <= sms && (per8 >= 4096 || (per8 >= 2048 && group >= 8)) &&
+      cluster_fits(16))
+    cs = 16;
   return cs;
 }
 
