@@ -238,15 +238,16 @@ int select_cluster_size(int64_t max_pages, int64_t rows, int group, int sms, int
   while (cs < 8 && rows * cs * 2 <= sms && max_pages / (cs * 2) >= 512 && cluster_fits(cs * 2))
     cs *= 2;
   // Then 16 (not fused: the separate aggregation's group scores, v31) where a block of 8 would
-  // still hold >= 4096 pages, or >= 2048 at GQA groups >= 8 (a page's G head scores are the
-  // aggregation's work), while the grid stays within a wave. Sweep on the H200 (2026-12-04,
-  // docs/cuda_notes.md v31): 16 blocks take GLM-4-9B (G 16) 512K b1 from 82.7 to 68.2 us a
-  // step, 256K b1 60.3 -> 56.1, Llama-3.1-70B TP8 (G 8) 512K b1 53.2 -> 44.9, Llama-3.1-8B (G 4)
-  // 512K b1 120.2 -> 117.7; at 1024 pages a block (GLM 128K b1) or G 4 at 2048 (Llama 256K b1)
-  // they lose 1.3-1.4 us.
+  // still hold >= 4096 pages and the grid stays within a wave, or >= 2048 pages at GQA groups
+  // >= 8 (a page's G head scores are the aggregation's work) within half a wave. Same-run A/B
+  // on the H200 (2026-12-04, docs/cuda_notes.md v31): GLM-4-9B (G 16) 512K b1 82.7 -> 68.4 us
+  // a step, b4 184.9 -> 175.8, 256K b1 60.5 -> 56.1, b2 72.3 -> 67.3; Llama-3.1-70B TP8 (G 8)
+  // 512K b1 53.2 -> 44.9; Llama-3.1-8B (G 4) 512K b1 120.5 -> 117.6. Where they lose: 1024
+  // pages a block (GLM 128K b1, +1.4 us), G 4 at 2048 (Llama 256K b1, +1.3), 8 rows at 2048
+  // (Llama-3.1-70B TP8 256K b8, +1.6).
   const int64_t per8 = (max_pages + 7) / 8;
-  if (cs == 8 && rows * 16 <= sms && (per8 >= 4096 || (per8 >= 2048 && group >= 8)) &&
-      cluster_fits(16))
+  if (cs == 8 && cluster_fits(16) &&
+      ((per8 >= 4096 && rows * 16 <= sms) || (per8 >= 2048 && group >= 8 && rows * 32 <= sms)))
     cs = 16;
   return cs;
 }

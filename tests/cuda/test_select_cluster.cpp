@@ -239,27 +239,29 @@ TEST(SelectClusterPlan, RuleAndRefusals) {
   EXPECT_THROW(plan(1, 8192, 3, 0.0f), InvalidArgument);    // not a power of two
   EXPECT_THROW(plan(1, 8192, 32, 0.0f), InvalidArgument);   // over 16
   EXPECT_THROW(plan(1, 8192, 4, 0.5f), InvalidArgument);    // forced with tau
-  // 16 blocks past 8 (v31) where a block of 8 would hold >= 4096 pages, or >= 2048 at G >= 8.
+  // 16 blocks past 8 (v31) where a block of 8 would hold >= 4096 pages (within a wave), or
+  // >= 2048 at G >= 8 (within half a wave).
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (sms >= 128) {                                         // 8 rows x 16 blocks within a wave
-    EXPECT_EQ(plan(1, 16384, 0, 0.0f).select_cluster, 8);   // G 4, 256K: 2048 pages a block
-    EXPECT_EQ(plan(1, 32768, 0, 0.0f).select_cluster, 16);  // G 4, 512K: 4096 pages a block
-    EXPECT_EQ(plan(2, 32768, 0, 0.0f).select_cluster, 8);   // 16 rows x 16 > a wave
-  }
-  auto plan_g = [&](int kv_heads, int M) {  // 32 query heads: G = 32 / kv_heads
+  auto plan_g = [&](int kv_heads, int B, int M) {  // 32 query heads: G = 32 / kv_heads
     const CacheLayout Lg{1 << 20, 16, kv_heads, 128, DType::bf16};
     DecodeParams p;
     p.cache = Lg;
     p.summary = summary_layout_for(Lg, 8, Precision::quant);
-    p.num_q_heads = 32, p.max_batch = 1, p.max_blocks_per_seq = M;
+    p.num_q_heads = 32, p.max_batch = B, p.max_blocks_per_seq = M;
     p.select = SelectConfig{2048, 1, 2};
     return cuda::plan_decode(p).select_cluster;
   };
-  EXPECT_EQ(plan_g(2, 16384), 16);  // G 16 (GLM-4-9B), 256K
-  EXPECT_EQ(plan_g(2, 8192), 8);    // G 16, 128K: 1024 pages a block
-  EXPECT_EQ(plan_g(4, 16384), 16);  // G 8, 256K
+  if (sms >= 128) {                      // (the H200's 132)
+    EXPECT_EQ(plan_g(8, 1, 16384), 8);   // G 4, 256K: 2048 pages a block
+    EXPECT_EQ(plan_g(8, 1, 32768), 16);  // G 4, 512K: 4096 pages a block, 8 rows
+    EXPECT_EQ(plan_g(8, 2, 32768), 8);   // 16 rows x 16 blocks: more than a wave
+    EXPECT_EQ(plan_g(2, 1, 16384), 16);  // G 16 (GLM-4-9B), 256K
+    EXPECT_EQ(plan_g(2, 1, 8192), 8);    // G 16, 128K: 1024 pages a block
+    EXPECT_EQ(plan_g(4, 1, 16384), 16);  // G 8, 256K, 4 rows
+    EXPECT_EQ(plan_g(4, 2, 16384), 8);   // G 8, 256K, 8 rows: more than half a wave
+  }
 }
 
 }  // namespace
