@@ -11,6 +11,7 @@
 #include "locks/contract.h"
 #include "locks/error.h"
 #include "plan_common.h"
+#include "plan_fields.h"
 #include "super.cuh"
 
 namespace locks::cuda {
@@ -19,7 +20,7 @@ using detail::ceil_div;
 using locks::detail::region_ptr;
 
 constexpr int kDensePagesPerSplit = 16;  // at least 256 tokens, 128 KB of bf16 K+V per KV head
-constexpr int kMaxDenseSplits = 512;     // longer contexts get longer splits (merge stays cheap)
+using detail::kMaxSplits;  // longer contexts get longer splits (the merge stays cheap)
 constexpr int kSparsePagesPerSplit = 4;  // at least one page per warp
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -27,6 +28,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 void check_call(const DecodePlan& plan, const Workspace& ws, const BatchView& batch,
                 const char* where) {
   locks::detail::check_plan_backend(plan, Backend::cuda, where);
+  detail::check_plan_fields(plan, where);
   locks::detail::check_workspace(plan, ws, where);
   locks::detail::check_run_batch(plan, batch, where);
 }
@@ -128,26 +130,23 @@ DecodePlan plan_decode(const DecodeParams& params) {
   int sparse_pps =
       int(std::clamp<int64_t>((plan.capacity + per_row - 1) / per_row, kSparsePagesPerSplit, 32));
   // A capacity beyond the budget's (SelectConfig::dense_below) lengthens the splits instead
-  // of multiplying them: at most kMaxDenseSplits, as the dense path.
-  sparse_pps = std::max<int>(sparse_pps, int(ceil_div(plan.capacity, kMaxDenseSplits)));
+  // of multiplying them: at most kMaxSplits, as the dense path.
+  sparse_pps = std::max<int>(sparse_pps, int(ceil_div(plan.capacity, kMaxSplits)));
   plan.sparse_pages_per_split = (sparse_pps + 3) / 4 * 4;
   if (p.attn_pages_per_split > 0) {  // forced (e.g. by a benchmark's sweep)
-    LOCKS_REQUIRE(ceil_div(plan.capacity, p.attn_pages_per_split) <= kMaxDenseSplits,
+    LOCKS_REQUIRE(ceil_div(plan.capacity, p.attn_pages_per_split) <= kMaxSplits,
                   "attn_pages_per_split ", p.attn_pages_per_split, " gives ",
                   ceil_div(plan.capacity, p.attn_pages_per_split), " splits of a ", plan.capacity,
-                  "-page capacity (at most ", kMaxDenseSplits, ")");
+                  "-page capacity (at most ", kMaxSplits, ")");
     plan.sparse_pages_per_split = p.attn_pages_per_split;
   }
   plan.sparse_splits = ceil_div(plan.capacity, plan.sparse_pages_per_split);
   // Dense splits: about 16 blocks per SM over the planned batch (long splits amortise each
-  // block start), 16 to 128 pages each, at most kMaxDenseSplits per sequence.
+  // block start), 16 to 128 pages each, at most kMaxSplits per sequence.
   const int64_t dense_work = int64_t(M) * B * Hkv;
   int dense_pps = int(std::clamp<int64_t>(dense_work / (16 * sms), kDensePagesPerSplit, 128));
-  plan.dense_pages_per_split = std::max(dense_pps / 4 * 4, ceil_div(M, kMaxDenseSplits));
+  plan.dense_pages_per_split = std::max(dense_pps / 4 * 4, ceil_div(M, kMaxSplits));
   plan.dense_splits = ceil_div(M, plan.dense_pages_per_split);
-  const int64_t splits = std::max(plan.dense_splits, plan.sparse_splits);
-  const int64_t cap = plan.capacity;
-  int cand_chunks = plan.select_chunks;
   if (p.two_level) {
     // Level 2 runs the scoring, aggregation and selection kernels over list_cap positions:
     // their own chunk sizes and cluster choice for that length.
@@ -174,25 +173,25 @@ DecodePlan plan_decode(const DecodeParams& params) {
     plan.l2_select_chunks = ceil_div(Lc, plan.l2_select_chunk_pages);
     plan.l2_select_cluster =
         detail::select_cluster_size(Lc, int64_t(B) * Hkv, G, sms, p.select_cluster);
-    cand_chunks = std::max(cand_chunks, plan.l2_select_chunks);
   }
-  locks::detail::RegionAlloc a;
-  plan.head_scores = a.add(int64_t(B) * Hq * M * 4);
-  plan.chunk_lse = a.add(int64_t(B) * Hq * plan.score_chunks * 2 * 4);
-  plan.group_scores = a.add(int64_t(B) * Hkv * M * 4);
-  plan.head_lse = a.add(int64_t(B) * Hq * 4);
-  plan.pages = a.add(int64_t(B) * Hkv * cap * 4);
-  plan.counts = a.add(int64_t(B) * Hkv * 4);
-  plan.cand_key = a.add(int64_t(B) * Hkv * cand_chunks * cap * 4);
-  plan.cand_idx = a.add(int64_t(B) * Hkv * cand_chunks * cap * 4);
-  plan.cand_cnt = a.add(int64_t(B) * Hkv * cand_chunks * 4);
-  plan.part_o = a.add(int64_t(B) * Hq * splits * L.head_dim * 4);
-  plan.part_ml = a.add(int64_t(B) * Hq * splits * 2 * 4);
+  locks::detail::RegionAlloc a;  // (check_plan_fields checks a plan vector against the same)
+  const detail::RegionNeeds n = detail::region_needs(plan);
+  plan.head_scores = a.add(n.head_scores);
+  plan.chunk_lse = a.add(n.chunk_lse);
+  plan.group_scores = a.add(n.group_scores);
+  plan.head_lse = a.add(n.head_lse);
+  plan.pages = a.add(n.pages);
+  plan.counts = a.add(n.counts);
+  plan.cand_key = a.add(n.cand_key);
+  plan.cand_idx = a.add(n.cand_idx);
+  plan.cand_cnt = a.add(n.cand_cnt);
+  plan.part_o = a.add(n.part_o);
+  plan.part_ml = a.add(n.part_ml);
   if (p.two_level) {
-    plan.super_scores = a.add(int64_t(B) * Hq * plan.max_groups * 4);
-    plan.page_map = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
-    plan.list_blocks = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
-    plan.list_lens = a.add(int64_t(B) * 4);
+    plan.super_scores = a.add(n.super_scores);
+    plan.page_map = a.add(n.page_map);
+    plan.list_blocks = a.add(n.list_blocks);
+    plan.list_lens = a.add(n.list_lens);
   }
   plan.workspace_bytes = size_t(a.total());
   return plan;

@@ -1,0 +1,116 @@
+// The CUDA plan's derived fields and region sizes (plan_fields.h).
+#include "plan_fields.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "kernels.cuh"
+#include "locks/error.h"
+#include "plan_common.h"
+
+namespace locks::cuda::detail {
+namespace {
+
+bool select_chunk_ok(int pages) { return pages == 2048 || pages == 4096; }
+bool cluster_ok(int cluster, int64_t pages) {  // 0 (two stages) or a power of two that holds
+  return cluster == 0 ||
+         (cluster >= 1 && cluster <= kMaxSelectCluster && (cluster & (cluster - 1)) == 0 &&
+          int64_t(cluster) * kSelectChunk >= pages);
+}
+
+}  // namespace
+
+RegionNeeds region_needs(const DecodePlan& plan) {
+  const DecodeParams& p = plan.params;
+  const int64_t B = p.max_batch, Hq = p.num_q_heads, Hkv = p.cache.num_kv_heads,
+                M = p.max_blocks_per_seq, cap = plan.capacity;
+  const int64_t splits = std::max(plan.dense_splits, plan.sparse_splits);
+  const int64_t cand_chunks =
+      p.two_level ? std::max(plan.select_chunks, plan.l2_select_chunks) : plan.select_chunks;
+  RegionNeeds n{};
+  n.head_scores = B * Hq * M * 4;
+  n.chunk_lse = B * Hq * plan.score_chunks * 2 * 4;
+  n.group_scores = B * Hkv * M * 4;
+  n.head_lse = B * Hq * 4;
+  n.pages = B * Hkv * cap * 4;
+  n.counts = B * Hkv * 4;
+  n.cand_key = B * Hkv * cand_chunks * cap * 4;
+  n.cand_idx = n.cand_key;
+  n.cand_cnt = B * Hkv * cand_chunks * 4;
+  n.part_o = B * Hq * splits * p.cache.head_dim * 4;
+  n.part_ml = B * Hq * splits * 2 * 4;
+  if (p.two_level) {
+    n.super_scores = B * Hq * plan.max_groups * 4;
+    n.page_map = B * Hkv * plan.list_cap * 4;
+    n.list_blocks = n.page_map;
+    n.list_lens = B * 4;
+  }
+  return n;
+}
+
+void check_plan_fields(const DecodePlan& plan, const char* where) {
+  using locks::detail::fail;
+  const DecodeParams& p = plan.params;
+  const int64_t M = p.max_blocks_per_seq;
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  if (!score_chunk_supported(plan.score_chunk_pages) ||
+      plan.score_chunks != cdiv(M, kScoreChunkMin))
+    fail(where, "plan: score chunks (", plan.score_chunk_pages, " pages, ", plan.score_chunks,
+         " partials) are not plan_decode's for ", M, " pages");
+  if (!select_chunk_ok(plan.select_chunk_pages) ||
+      plan.select_chunks != cdiv(M, plan.select_chunk_pages))
+    fail(where, "plan: selection chunks (", plan.select_chunk_pages, " pages, ", plan.select_chunks,
+         ") are not plan_decode's for ", M, " pages");
+  if (!cluster_ok(plan.select_cluster, M) || (p.select.tau > 0.0f && plan.select_cluster != 0))
+    fail(where, "plan: selection cluster of ", plan.select_cluster, " blocks for ", M,
+         " pages (tau ", p.select.tau, ")");
+  if (plan.dense_pages_per_split < 1 || plan.sparse_pages_per_split < 1 ||
+      plan.dense_splits != cdiv(M, plan.dense_pages_per_split) ||
+      plan.sparse_splits != cdiv(plan.capacity, plan.sparse_pages_per_split) ||
+      plan.dense_splits > kMaxSplits || plan.sparse_splits > kMaxSplits)
+    fail(where, "plan: attention splits (dense ", plan.dense_splits, " x ",
+         plan.dense_pages_per_split, ", sparse ", plan.sparse_splits, " x ",
+         plan.sparse_pages_per_split, " pages) do not cover ", M, " pages / capacity ",
+         plan.capacity, " in at most ", kMaxSplits);
+  if (p.two_level) {
+    const int64_t Lc = plan.list_cap;
+    if (!score_chunk_supported(plan.l2_score_chunk_pages) ||
+        !select_chunk_ok(plan.l2_select_chunk_pages) ||
+        plan.l2_select_chunks != cdiv(Lc, plan.l2_select_chunk_pages) ||
+        !cluster_ok(plan.l2_select_cluster, Lc) || Lc < 1 || Lc > M)
+      fail(where, "plan: level-2 choices (list ", Lc, ", chunks ", plan.l2_score_chunk_pages, " / ",
+           plan.l2_select_chunk_pages, " x ", plan.l2_select_chunks, ", cluster ",
+           plan.l2_select_cluster, ") are not plan_decode's");
+  }
+  // Every region holds what the kernels index with these fields, and no two overlap.
+  const RegionNeeds n = region_needs(plan);
+  const std::pair<const WorkspaceRegion*, int64_t> regions[] = {
+      {&plan.head_scores, n.head_scores},
+      {&plan.chunk_lse, n.chunk_lse},
+      {&plan.group_scores, n.group_scores},
+      {&plan.head_lse, n.head_lse},
+      {&plan.pages, n.pages},
+      {&plan.counts, n.counts},
+      {&plan.cand_key, n.cand_key},
+      {&plan.cand_idx, n.cand_idx},
+      {&plan.cand_cnt, n.cand_cnt},
+      {&plan.part_o, n.part_o},
+      {&plan.part_ml, n.part_ml},
+      {&plan.super_scores, n.super_scores},
+      {&plan.page_map, n.page_map},
+      {&plan.list_blocks, n.list_blocks},
+      {&plan.list_lens, n.list_lens}};
+  std::vector<std::pair<int64_t, int64_t>> spans;  // [offset, end) of the non-empty regions
+  for (const auto& [r, need] : regions) {
+    if (r->bytes < need || r->offset < 0 || uint64_t(r->offset + r->bytes) > plan.workspace_bytes)
+      fail(where, "plan: a workspace region of ", r->bytes, " bytes at ", r->offset, " (needs ",
+           need, " within ", plan.workspace_bytes, ")");
+    if (r->bytes > 0) spans.emplace_back(r->offset, r->offset + r->bytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) fail(where, "plan: workspace regions overlap");
+}
+
+}  // namespace locks::cuda::detail
