@@ -22,9 +22,9 @@ struct RegionNeeds {
 RegionNeeds region_needs(const DecodePlan& plan);
 
 // Throws InvalidArgument (naming `where` and the field) unless the plan's CUDA choices are
-// ones plan_decode makes (chunk sizes and cluster sizes from their sets, chunk and split
-// counts that follow from them, at most 512 splits) and every region holds region_needs
-// without overlapping another.
+// ones plan_decode makes (chunk and cluster sizes from their sets, selection chunks that
+// follow from them, partials and splits that cover the pages, at most 512 splits) and every
+// region holds region_needs without overlapping another.
 void check_plan_fields(const DecodePlan& plan, const char* where);
 
 }  // namespace locks::cuda::detail

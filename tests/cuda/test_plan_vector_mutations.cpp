@@ -146,12 +146,13 @@ TEST(CudaPlanVectorMutations, EditedDerivedFieldsAreRefused) {
     return refused(b);
   };
   EXPECT_TRUE(edit([](DecodePlan& b) { b.score_chunk_pages = 48; }));
-  EXPECT_TRUE(edit([](DecodePlan& b) { b.score_chunks += 1; }));
+  EXPECT_TRUE(edit([](DecodePlan& b) { b.score_chunks -= 1; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.select_chunk_pages = 1024; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.select_chunks = 0; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.select_cluster = 3; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.sparse_pages_per_split = 0; }));
-  EXPECT_TRUE(edit([](DecodePlan& b) { b.sparse_splits *= 2; }));
+  EXPECT_TRUE(edit([](DecodePlan& b) { b.sparse_splits -= 1; }));
+  EXPECT_TRUE(edit([](DecodePlan& b) { b.sparse_splits = 1000; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.dense_splits = 513; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.part_o.bytes -= 4; }));
   EXPECT_TRUE(edit([](DecodePlan& b) { b.head_scores.offset = b.part_ml.offset; }));
