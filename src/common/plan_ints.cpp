@@ -117,8 +117,9 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
   const DecodeParams& q = p.params;
   LOCKS_REQUIRE(
       q.cache.page_size >= 1 && q.max_blocks_per_seq >= 1 && q.max_batch >= 1 &&
-          q.cache.num_kv_heads >= 1 && q.num_q_heads == p.group * q.cache.num_kv_heads &&
-          p.threads >= 1 && int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
+          q.cache.num_kv_heads >= 1 &&
+          int64_t(q.num_q_heads) == int64_t(p.group) * q.cache.num_kv_heads && p.threads >= 1 &&
+          int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
           (q.summary.precision == Precision::fp32 || q.summary.precision == Precision::quant),
       "inconsistent plan vector");
   // The summary layout the scorers trust (basis_group indexes the basis scales).
