@@ -14,31 +14,11 @@
 
 #include "locks/contract.h"
 #include "locks/error.h"
+#include "plan_mutation.h"
 #include "test_util.h"
 
 namespace locks::test {
 namespace {
-
-// Wrapping arithmetic (the fields include the bits of floats and doubles, near any limit).
-int64_t mutated(int64_t x, std::mt19937_64& rng) {
-  const uint64_t u = uint64_t(x);
-  switch (rng() % 7) {
-    case 0:
-      return int64_t(u + 1);
-    case 1:
-      return int64_t(u - 1);
-    case 2:
-      return int64_t(u + rng() % 64 - 32);
-    case 3:
-      return int64_t(u << 1);
-    case 4:
-      return 0;
-    case 5:
-      return -1;
-    default:
-      return int64_t(1) << (rng() % 40);
-  }
-}
 
 TEST(PlanVectorMutations, AreRefusedOrRunInsideTheCallersBuffers) {
   CacheSpec sp;
@@ -64,7 +44,7 @@ TEST(PlanVectorMutations, AreRefusedOrRunInsideTheCallersBuffers) {
     std::vector<int64_t> v = v0;
     for (int k = 1 + int(rng() % 3); k > 0; --k) {
       const size_t i = rng() % v.size();
-      v[i] = mutated(v[i], rng);
+      v[i] = mutated_plan_element(v[i], rng);
     }
     DecodePlan plan;
     try {
