@@ -174,26 +174,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
     plan.l2_select_cluster =
         detail::select_cluster_size(Lc, int64_t(B) * Hkv, G, sms, p.select_cluster);
   }
-  locks::detail::RegionAlloc a;  // (check_plan_fields checks a plan vector against the same)
-  const detail::RegionNeeds n = detail::region_needs(plan);
-  plan.head_scores = a.add(n.head_scores);
-  plan.chunk_lse = a.add(n.chunk_lse);
-  plan.group_scores = a.add(n.group_scores);
-  plan.head_lse = a.add(n.head_lse);
-  plan.pages = a.add(n.pages);
-  plan.counts = a.add(n.counts);
-  plan.cand_key = a.add(n.cand_key);
-  plan.cand_idx = a.add(n.cand_idx);
-  plan.cand_cnt = a.add(n.cand_cnt);
-  plan.part_o = a.add(n.part_o);
-  plan.part_ml = a.add(n.part_ml);
-  if (p.two_level) {
-    plan.super_scores = a.add(n.super_scores);
-    plan.page_map = a.add(n.page_map);
-    plan.list_blocks = a.add(n.list_blocks);
-    plan.list_lens = a.add(n.list_lens);
-  }
-  plan.workspace_bytes = size_t(a.total());
+  detail::lay_out_workspace(plan);  // (check_plan_fields checks a plan vector against it)
   return plan;
 }
 

@@ -1,7 +1,9 @@
-// The CUDA plan's derived fields and region sizes (plan_fields.h).
+// The CUDA plan's workspace layout and the check of its derived fields (plan_fields.h).
 #include "plan_fields.h"
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,34 +21,48 @@ bool cluster_ok(int cluster, int64_t pages) {  // 0 (two stages) or a power of t
           int64_t(cluster) * kSelectChunk >= pages);
 }
 
-}  // namespace
+constexpr int kRegions = 15, kTwoLevelRegions = 4;  // the last four: the two-level step's
 
-RegionNeeds region_needs(const DecodePlan& plan) {
+// The plan's workspace regions in layout order (plan_decode's), with the bytes each needs for
+// the plan's batch, heads, pages, capacity, chunk counts and splits (0 for the two-level ones
+// when the plan has no two-level step).
+template <typename Plan>
+auto regions_of(Plan& plan) {
+  using R = std::conditional_t<std::is_const_v<Plan>, const WorkspaceRegion, WorkspaceRegion>;
   const DecodeParams& p = plan.params;
   const int64_t B = p.max_batch, Hq = p.num_q_heads, Hkv = p.cache.num_kv_heads,
                 M = p.max_blocks_per_seq, cap = plan.capacity;
   const int64_t splits = std::max(plan.dense_splits, plan.sparse_splits);
   const int64_t cand_chunks =
       p.two_level ? std::max(plan.select_chunks, plan.l2_select_chunks) : plan.select_chunks;
-  RegionNeeds n{};
-  n.head_scores = B * Hq * M * 4;
-  n.chunk_lse = B * Hq * plan.score_chunks * 2 * 4;
-  n.group_scores = B * Hkv * M * 4;
-  n.head_lse = B * Hq * 4;
-  n.pages = B * Hkv * cap * 4;
-  n.counts = B * Hkv * 4;
-  n.cand_key = B * Hkv * cand_chunks * cap * 4;
-  n.cand_idx = n.cand_key;
-  n.cand_cnt = B * Hkv * cand_chunks * 4;
-  n.part_o = B * Hq * splits * p.cache.head_dim * 4;
-  n.part_ml = B * Hq * splits * 2 * 4;
-  if (p.two_level) {
-    n.super_scores = B * Hq * plan.max_groups * 4;
-    n.page_map = B * Hkv * plan.list_cap * 4;
-    n.list_blocks = n.page_map;
-    n.list_lens = B * 4;
-  }
-  return n;
+  const int64_t two = p.two_level ? 1 : 0;
+  return std::array<std::pair<R*, int64_t>, kRegions>{{
+      {&plan.head_scores, B * Hq * M * 4},
+      {&plan.chunk_lse, B * Hq * plan.score_chunks * 2 * 4},
+      {&plan.group_scores, B * Hkv * M * 4},
+      {&plan.head_lse, B * Hq * 4},
+      {&plan.pages, B * Hkv * cap * 4},
+      {&plan.counts, B * Hkv * 4},
+      {&plan.cand_key, B * Hkv * cand_chunks * cap * 4},
+      {&plan.cand_idx, B * Hkv * cand_chunks * cap * 4},
+      {&plan.cand_cnt, B * Hkv * cand_chunks * 4},
+      {&plan.part_o, B * Hq * splits * p.cache.head_dim * 4},
+      {&plan.part_ml, B * Hq * splits * 2 * 4},
+      {&plan.super_scores, two * B * Hq * plan.max_groups * 4},
+      {&plan.page_map, two * B * Hkv * plan.list_cap * 4},
+      {&plan.list_blocks, two * B * Hkv * plan.list_cap * 4},
+      {&plan.list_lens, two * B * 4},
+  }};
+}
+
+}  // namespace
+
+void lay_out_workspace(DecodePlan& plan) {
+  locks::detail::RegionAlloc a;
+  const auto regions = regions_of(plan);
+  const int n = plan.params.two_level ? kRegions : kRegions - kTwoLevelRegions;
+  for (int i = 0; i < n; ++i) *regions[size_t(i)].first = a.add(regions[size_t(i)].second);
+  plan.workspace_bytes = size_t(a.total());
 }
 
 void check_plan_fields(const DecodePlan& plan, const char* where) {
@@ -85,25 +101,8 @@ void check_plan_fields(const DecodePlan& plan, const char* where) {
            plan.l2_select_cluster, ") are not plan_decode's");
   }
   // Every region holds what the kernels index with these fields, and no two overlap.
-  const RegionNeeds n = region_needs(plan);
-  const std::pair<const WorkspaceRegion*, int64_t> regions[] = {
-      {&plan.head_scores, n.head_scores},
-      {&plan.chunk_lse, n.chunk_lse},
-      {&plan.group_scores, n.group_scores},
-      {&plan.head_lse, n.head_lse},
-      {&plan.pages, n.pages},
-      {&plan.counts, n.counts},
-      {&plan.cand_key, n.cand_key},
-      {&plan.cand_idx, n.cand_idx},
-      {&plan.cand_cnt, n.cand_cnt},
-      {&plan.part_o, n.part_o},
-      {&plan.part_ml, n.part_ml},
-      {&plan.super_scores, n.super_scores},
-      {&plan.page_map, n.page_map},
-      {&plan.list_blocks, n.list_blocks},
-      {&plan.list_lens, n.list_lens}};
   std::vector<std::pair<int64_t, int64_t>> spans;  // [offset, end) of the non-empty regions
-  for (const auto& [r, need] : regions) {
+  for (const auto& [r, need] : regions_of(plan)) {
     if (r->bytes < need || r->offset < 0 || uint64_t(r->offset + r->bytes) > plan.workspace_bytes)
       fail(where, "plan: a workspace region of ", r->bytes, " bytes at ", r->offset, " (needs ",
            need, " within ", plan.workspace_bytes, ")");

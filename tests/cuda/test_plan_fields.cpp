@@ -1,6 +1,6 @@
 // The CUDA run calls' check of a plan's derived fields (src/cuda/plan_fields.h) as host code:
 // no GPU needed, so it runs in the CPU CI too. A plan laid out the way plan_decode lays one out
-// (regions in its order from region_needs) passes; each edit of a derived field, a region or
+// (lay_out_workspace, plan_decode's own layout) passes; each edit of a derived field, a region or
 // the workspace size is refused with a message naming the plan.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,6 @@
 #include <iterator>
 #include <string>
 
-#include "../../src/common/plan_common.h"
 #include "../../src/cuda/plan_fields.h"
 #include "locks/error.h"
 #include "locks/summary.h"
@@ -17,7 +16,7 @@ namespace locks::cuda_test {
 namespace {
 
 using locks::cuda::detail::check_plan_fields;
-using locks::cuda::detail::region_needs;
+using locks::cuda::detail::lay_out_workspace;
 
 // Llama-3.1-8B shapes, 2 sequences of 1024 pages, budget 2048 (128 pages), laid out as
 // plan_decode does for choices it can make (128-page score chunks, 2048-page selection chunks,
@@ -42,18 +41,7 @@ DecodePlan host_plan(bool two_level = false) {
     p.l2_score_chunk_pages = 32, p.l2_select_chunk_pages = 2048, p.l2_select_chunks = 1;
     p.l2_select_cluster = 2;
   }
-  const auto n = region_needs(p);
-  locks::detail::RegionAlloc a;
-  p.head_scores = a.add(n.head_scores), p.chunk_lse = a.add(n.chunk_lse);
-  p.group_scores = a.add(n.group_scores), p.head_lse = a.add(n.head_lse);
-  p.pages = a.add(n.pages), p.counts = a.add(n.counts);
-  p.cand_key = a.add(n.cand_key), p.cand_idx = a.add(n.cand_idx), p.cand_cnt = a.add(n.cand_cnt);
-  p.part_o = a.add(n.part_o), p.part_ml = a.add(n.part_ml);
-  if (two_level) {
-    p.super_scores = a.add(n.super_scores), p.page_map = a.add(n.page_map);
-    p.list_blocks = a.add(n.list_blocks), p.list_lens = a.add(n.list_lens);
-  }
-  p.workspace_bytes = size_t(a.total());
+  lay_out_workspace(p);
   return p;
 }
 
