@@ -301,17 +301,15 @@ void print_skip(const Model& m, int64_t ctx, int B, const std::string& why, cons
 void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   if (const std::string why = row_problem(m, ctx, B); !why.empty())
     return print_skip(m, ctx, B, why, o);
-  const int64_t pages = (ctx + kP - 1) / kP, full_pages = ctx / kP;
-  const int64_t blocks = pages * B;
-  const size_t nb = size_t(blocks) * m.hkv;                       // (page, KV head) pairs
-  const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;  // one of K or V (bf16)
-  CacheLayout L{blocks, kP, m.hkv, m.d, DType::bf16};
-  SummaryLayout sl = summary_layout_for(L, kRank, Precision::quant);
+  RowData D(m, ctx, B);
+  const int64_t pages = D.pages, blocks = D.blocks;
+  const size_t nb = D.nb, kv_bytes = D.kv_bytes;  // (page, KV head) pairs; one of K or V
+  const CacheLayout& L = D.L;
+  const SummaryLayout& sl = D.sl;
   // The summaries a step reads: every full page's (a partial last page has none).
-  const size_t summ = size_t(full_pages) * B * m.hkv * summary_bytes_per_page(sl);
+  const size_t summ = size_t(ctx / kP) * B * m.hkv * summary_bytes_per_page(sl);
   const double dense_bytes = 2.0 * kv_bytes;
   const int reps = reps_for(dense_bytes, o.quick);
-  RowData D(m, ctx, B);
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
   D.build_summaries(builder);
   const cudaStream_t st = D.st;

@@ -24,23 +24,11 @@ TEST(CudaPlanVectorMutations, AreRefusedOrRunInsideTheWorkspace) {
   SKIP_WITHOUT_GPU();
   const int P = 16, Hkv = 2, G = 4, Hq = Hkv * G, d = 64;
   const std::vector<int64_t> lens = {16 * 40 + 5, 16 * 90};
-  const int B = int(lens.size()), M = 96;
+  const int B = int(lens.size());
   CacheLayout L{256, P, Hkv, d, DType::bf16};
   GpuCache gc(L);
-  for (int s = 0; s < B; ++s) {
-    std::vector<float> k, v;
-    make_kv(lens[size_t(s)], Hkv, d, P, 4, 70 + s, k, v);
-    gc.add(k, v, lens[size_t(s)]);
-  }
-  gc.sync();
-  std::vector<int32_t> t(size_t(B) * M, 0), l(static_cast<size_t>(B));
-  for (int s = 0; s < B; ++s) {
-    const auto& bl = gc.host.blocks(s);
-    std::copy(bl.begin(), bl.end(), t.begin() + int64_t(s) * M);
-    l[size_t(s)] = gc.host.seq_len(s);
-  }
-  DevBuf<int32_t> table(t), dlens(l);
-  const BatchView db{table.p, M, dlens.p, B, M};
+  gc.add_structured(lens, 70);
+  const BatchView db = gc.dbatch();
   const SummaryLayout sl = summary_layout_for(L, 8, Precision::quant);
   GpuSummaries sums(sl);
   {
@@ -50,34 +38,21 @@ TEST(CudaPlanVectorMutations, AreRefusedOrRunInsideTheWorkspace) {
     builder.build(gc.dview(), dids.p, int64_t(ids.size()), sums.view(), nullptr);
     CK(cudaDeviceSynchronize());
   }
-  DevBuf<float> dq(size_t(B) * Hq * d), out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
-  std::vector<float> hq(size_t(B) * Hq * d);
-  std::mt19937_64 qrng(3);
-  std::normal_distribution<float> N(0.f, 1.f);
-  for (float& x : hq) x = N(qrng);
-  dq.upload(hq);
+  DevBuf<float> dq(random_queries(B, Hq, d, 1.0f, 3)), out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
 
   DecodeParams p;
   p.cache = L;
   p.summary = sl;
-  p.num_q_heads = Hq, p.max_batch = B, p.max_blocks_per_seq = M;
+  p.num_q_heads = Hq, p.max_batch = B, p.max_blocks_per_seq = db.max_blocks_per_seq;
   p.select = SelectConfig{256, 1, 1};
   const std::vector<int64_t> v0 = cuda::plan_decode(p).to_ints();
 
   std::mt19937_64 rng(2024);
   int accepted = 0, ran = 0, refused_at_run = 0;
   for (int it = 0; it < 3000; ++it) {
-    std::vector<int64_t> v = v0;
-    for (int k = 1 + int(rng() % 3); k > 0; --k) {
-      const size_t i = rng() % v.size();
-      v[i] = test::mutated_plan_element(v[i], rng);
-    }
-    DecodePlan plan;
-    try {
-      plan = DecodePlan::from_ints(v);
-    } catch (const InvalidArgument&) {
-      continue;
-    }
+    const std::optional<DecodePlan> edited = test::edited_plan(v0, rng);
+    if (!edited) continue;
+    const DecodePlan& plan = *edited;
     ++accepted;
     if (plan.workspace_bytes > (size_t(64) << 20) || plan.capacity < 1) continue;
     DevBuf<uint8_t> ws(plan.workspace_bytes + 256);
