@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "locks/cuda/check.h"
+#include "locks/cuda/summary_builder.h"
 #include "locks/kv_cache.h"
 #include "locks/summary.h"
 
@@ -192,6 +193,15 @@ struct GpuSummaries {
     }
   }
 };
+
+// The summaries of every full page of gc's sequences, built on the device by builder.
+inline void build_full_pages(cuda::SummaryBuilder& builder, const GpuCache& gc,
+                             GpuSummaries& sums) {
+  const auto ids = gc.full_blocks();
+  DevBuf<int32_t> dids(ids);
+  builder.build(gc.dview(), dids.p, int64_t(ids.size()), sums.view(), nullptr);
+  CK(cudaDeviceSynchronize());
+}
 
 inline std::vector<float> random_queries(int B, int Hq, int d, float amp, uint64_t seed) {
   std::mt19937_64 rng(seed);

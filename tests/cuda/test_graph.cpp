@@ -52,12 +52,7 @@ TEST_P(DecodeGraph, ReplayMatchesEagerAfterAppends) {
   SummaryLayout sl = summary_layout_for(L, r, Precision::quant);
   GpuSummaries sums(sl);
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, L.num_blocks);
-  {
-    const auto ids = gc.full_blocks();
-    DevBuf<int32_t> dids(ids);
-    builder.build(gc.dview(), dids.p, int64_t(ids.size()), sums.view(), nullptr);
-    CK(cudaDeviceSynchronize());
-  }
+  build_full_pages(builder, gc, sums);
   const SelectConfig sc{512, 1, 2, GetParam(), 1};
   cuda::Decoder dec(cuda::Plan{L, Hq, B, kStride, DecodeConfig{sc, 0.0f}});
   DevBuf<float> dq(size_t(B) * Hq * d), out_graph(size_t(B) * Hq * d),

@@ -33,10 +33,7 @@ TEST(CudaPlanVectorMutations, AreRefusedOrRunInsideTheWorkspace) {
   GpuSummaries sums(sl);
   {
     cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, L.num_blocks);
-    const auto ids = gc.full_blocks();
-    DevBuf<int32_t> dids(ids);
-    builder.build(gc.dview(), dids.p, int64_t(ids.size()), sums.view(), nullptr);
-    CK(cudaDeviceSynchronize());
+    build_full_pages(builder, gc, sums);
   }
   DevBuf<float> dq(random_queries(B, Hq, d, 1.0f, 3)), out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
 
