@@ -11,13 +11,13 @@
 //   first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard). The knobs force
 //   a plan choice (DecodeParams); --attn-pps: selected pages per sparse attention block.
-//       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 32] [--group-cluster 0|1|2|4|8]
+//       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 40] [--group-cluster 0|1|2|4|8]
 //                        [--only M CONTEXT BATCH]
 //   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
 //   dense in the same run, per stage, at budgets 512 and 2048 (rows: Llama-3.1-8B 1M b1,
-//   GLM-4-9B 1M b1, Llama-3.1-8B 128K b8). The super summaries hold random codes filled on
-//   the device (the step's time depends on the values only through which pages are
-//   selected; the page summaries are built from the random K as in the flat rows).
+//   GLM-4-9B 1M b1, Llama-3.1-8B 128K b8). The super summaries are built on the device from
+//   the row's random K (cuda::super_build, timed: every group, and one group a sequence), as
+//   the page summaries are.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -166,7 +166,7 @@ struct Opts {
   bool quick = false;
   bool two_level = false;
   int group_pages = 32;                   // --S
-  double alpha = 32.0;                    // --alpha
+  double alpha = 40.0;                    // --alpha (TwoLevelConfig's default)
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
   int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
@@ -410,23 +410,6 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   }
 }
 
-__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
-    p[i] = uint8_t(x);
-  }
-}
-__global__ void fill_scale(float* p, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
-    p[i] = lo + (hi - lo) * float(x & 0xffffu) / 65535.0f;
-  }
-}
-
 // The two-level step vs flat LOCKS vs dense, one plan (params.two_level on: the flat and
 // dense ops run from the same plan and workspace), CUDA graphs, L2 flushed before each.
 void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opts& o) {
@@ -440,7 +423,8 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   const KvCacheView& cache = D.cache;
   const BatchView& batch = D.batch;
   const SummaryView& s = D.s;
-  // Super summaries: random codes, scales that keep the estimates in a sane range.
+  // Super summaries of every complete group, built on the device from the row's K
+  // (cuda::super_build; slot b * MG + j = group j of sequence b).
   const int S = o.group_pages, MG = int((pages + S - 1) / S);
   SuperLayout U;
   U.num_slots = int64_t(B) * MG;
@@ -454,27 +438,53 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   SuperView sv;
   sv.layout = U;
   std::vector<void*> sup_bufs;
-  auto alloc_bytes = [&](auto*& p, size_t n, uint32_t seed) {
-    CK(cudaMalloc((void**)&p, n));
-    fill_bytes<<<1024, 256, 0, st>>>((uint8_t*)p, n, seed);
+  auto alloc = [&](auto*& p, size_t bytes) {
+    CK(cudaMalloc((void**)&p, bytes));
+    CK(cudaMemsetAsync(p, 0, bytes, st));
     sup_bufs.push_back((void*)p);
   };
-  auto alloc_scale = [&](float*& p, size_t n, uint32_t seed, float lo, float hi) {
-    CK(cudaMalloc((void**)&p, n * 4));
-    fill_scale<<<1024, 256, 0, st>>>(p, n, seed, lo, hi);
-    sup_bufs.push_back((void*)p);
-  };
-  alloc_bytes(sv.mu_q, gh * m.d, 11);
-  alloc_scale(sv.mu_scale, gh, 12, 0.002f, 0.004f);
-  alloc_bytes(sv.basis_q, gh * kRank * m.d / 2, 13);
-  alloc_scale(sv.basis_scale, gh * kRank, 14, 0.01f, 0.02f);
-  alloc_bytes(sv.coord_q, gh * S * kRank, 15);
-  alloc_scale(sv.coord_scale, gh * kRank, 16, 0.002f, 0.004f);
-  alloc_bytes(sv.radius_q, gh * S, 17);
-  alloc_scale(sv.radius_scale, gh, 18, 0.002f, 0.004f);
-  alloc_bytes(sv.lo_q, gh * S * kRank, 19);
-  alloc_bytes(sv.hi_q, gh * S * kRank, 20);
-  alloc_scale(sv.extent_scale, gh * kRank, 21, 0.002f, 0.004f);
+  alloc(sv.mu_q, gh * m.d);
+  alloc(sv.mu_scale, gh * 4);
+  alloc(sv.basis_q, gh * kRank * m.d / 2);
+  alloc(sv.basis_scale, gh * kRank * 4);
+  alloc(sv.coord_q, gh * S * kRank);
+  alloc(sv.coord_scale, gh * kRank * 4);
+  alloc(sv.radius_q, gh * S);
+  alloc(sv.radius_scale, gh * 4);
+  alloc(sv.lo_q, gh * S * kRank);
+  alloc(sv.hi_q, gh * S * kRank);
+  alloc(sv.extent_scale, gh * kRank * 4);
+  const int complete = int((ctx / kP) / S);
+  std::vector<int32_t> gblocks, gslots;  // every complete group; then the last one a sequence
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < complete; ++j) {
+      gslots.push_back(b * MG + j);
+      for (int pg = 0; pg < S; ++pg) gblocks.push_back(int32_t((int64_t(j) * S + pg) * B + b));
+    }
+  for (int b = 0; b < B && complete > 0; ++b) {
+    gslots.push_back(b * MG + complete - 1);
+    for (int pg = 0; pg < S; ++pg)
+      gblocks.push_back(int32_t((int64_t(complete - 1) * S + pg) * B + b));
+  }
+  const int64_t n_all = int64_t(B) * complete, n_last = complete > 0 ? B : 0;
+  int32_t *dgb = nullptr, *dgs = nullptr;
+  CK(cudaMalloc(&dgb, std::max<size_t>(gblocks.size(), 1) * 4));
+  CK(cudaMalloc(&dgs, std::max<size_t>(gslots.size(), 1) * 4));
+  CK(cudaMemcpy(dgb, gblocks.data(), gblocks.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dgs, gslots.data(), gslots.size() * 4, cudaMemcpyHostToDevice));
+  const double t_sup_bulk =
+      median_ms([&] { cuda::super_build(cache, dgb, dgs, n_all, sv, st); }, st, 3);
+  const double t_sup_one = median_ms(
+      [&] { cuda::super_build(cache, dgb + n_all * S, dgs + n_all, n_last, sv, st); }, st, 5);
+  std::printf(
+      "  super build (cuda::super_build, S %d, R %d, extent): all %lld groups x %d KV heads "
+      "%.3f ms (%.1f us per group-head); one group a sequence (%lld x %d, the cost each %d "
+      "tokens) %.1f us\n",
+      S, kRank, (long long)n_all, m.hkv, t_sup_bulk,
+      n_all ? t_sup_bulk * 1e3 / double(n_all * m.hkv) : 0.0, (long long)n_last, m.hkv, S * kP,
+      t_sup_one * 1e3);
+  CK(cudaFree(dgb));
+  CK(cudaFree(dgs));
   std::vector<int32_t> tab(size_t(B) * MG);
   for (size_t i = 0; i < tab.size(); ++i) tab[i] = int32_t(i);
   int32_t* dtab;

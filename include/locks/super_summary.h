@@ -131,13 +131,15 @@ struct SuperTableView {
 enum class GroupAgg : int { lse = 0, max = 1 };
 
 // Defaults: the design chosen by measurement (docs/study_hierarchical.md): S = 32, R = 8,
-// extent on, LSE, alpha = S = 32, i.e. one kept group per budget page slot (m = k): even
+// extent on, LSE, alpha = 40, i.e. 1.25 kept groups per budget page slot (m = 1.25 k): even
 // when every page the budget needs lies in a different group (scattered relevance), level 2
-// can still reach all of them; at 1M tokens this costs k * S page summaries (3.4 MB per KV
-// head at b = 2048) and the step stays ~70x under dense in bytes.
+// can still reach all of them, with a margin for the estimate's misses (alpha 32, m = k,
+// was 0.013 of recall below flat LOCKS on Gemma-3's real keys, alpha 40 0.006; the target is
+// 0.01); at 1M tokens this costs 1.25 k * S page summaries (4.3 MB per KV head at b = 2048),
+// 1-4% of the GPU step against alpha 32, and the step stays ~60x under dense in bytes.
 struct TwoLevelConfig {
   int min_groups = 4;
-  double alpha = 32.0;        // kept groups cover alpha x the budget's page slots
+  double alpha = 40.0;        // kept groups cover alpha x the budget's page slots
   int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
   int first_groups = 1;       // always kept, on top of the m best (>= 0)
   double gamma = 0.0;         // weight of the centroid residual radius
@@ -192,7 +194,9 @@ StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pa
 namespace cpu {
 // Builds the super summaries of n groups: group i's pages are the physical blocks
 // group_blocks[i * S .. i * S + S) (all full), written to slot slots[i], every KV head.
-// Eigen's self-adjoint eigensolver on the d x d covariance, in double. Throws on
+// Eigen's self-adjoint eigensolver on the d x d covariance, in double; each basis row is
+// signed so that its largest |component| (the first of equal ones) is positive (the sign is
+// free; fixing it lets backends write the same codes). Throws on
 // non-finite keys, ids out of range, or a layout that does not match the cache.
 void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
                  int64_t n, const SuperView& out);
@@ -240,6 +244,16 @@ namespace cuda {
 void super_score(const SuperView& supers, const SuperTableView& table, const BatchView& batch,
                  const QueryView& q, float scale, const TwoLevelConfig& cfg,
                  float* group_head_scores, cudaStream_t stream);
+// cpu::super_build on the GPU (device pointers; no allocation, no host synchronisation, so
+// capturable): one block per (group, KV head), the covariance in shared memory, its top-R
+// eigenvectors by a 16-dimensional subspace iteration and Rayleigh-Ritz in fp32 (the codes
+// agree with the CPU build's within one step where the top R + 1 eigenvalues are distinct).
+// Shapes: super_build_supported (else Unsupported). Device values are trusted like a
+// kernel's inputs: a group whose slot or a block id is out of range is skipped (nothing
+// written); a group with a non-finite key gets every code 0 and every scale NaN.
+bool super_build_supported(const SuperLayout& layout);  // P 16, S <= 64, R <= 8, d 64/128/256
+void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
+                 int64_t n, const SuperView& out, cudaStream_t stream);
 void select_groups_list(const float* group_head_scores, const SuperTableView& table,
                         const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                         int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,

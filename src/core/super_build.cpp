@@ -141,7 +141,13 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
     Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(C);
     // Eigenvalues ascend: the top R eigenvectors are the last R columns.
     Eigen::MatrixXd W(R, d);
-    for (int k = 0; k < R; ++k) W.row(k) = eig.eigenvectors().col(d - 1 - k).transpose();
+    for (int k = 0; k < R; ++k) {
+      W.row(k) = eig.eigenvectors().col(d - 1 - k).transpose();
+      int at = 0;  // the first component of largest magnitude
+      for (int c = 1; c < d; ++c)
+        if (std::fabs(W(k, c)) > std::fabs(W(k, at))) at = c;
+      if (W(k, at) < 0) W.row(k) *= -1.0;
+    }
 
     const int64_t gh = int64_t(slots[i]) * H + h;
     std::vector<double> tmp(std::max(d, S * R));

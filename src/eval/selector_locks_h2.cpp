@@ -7,8 +7,8 @@
 // followed by '-'-separated tokens changing them, any order:
 //   sN     pages per super-page S (default 32)
 //   rN     rank R of the group basis (default 8)
-//   aX     alpha: kept groups m = max(min, ceil(alpha * floor(b/P) / S)) (default 32 = S,
-//          one group per budget page slot; "a1.5")
+//   aX     alpha: kept groups m = max(min, ceil(alpha * floor(b/P) / S)) (default 40: 1.25
+//          groups per budget page slot at S 32; "a1.5")
 //   mN     minimum kept groups (default 4)
 //   fN     flat fallback below N complete groups (default 8)
 //   kN     always keep the first N groups (default 1: the attention sink's group)

@@ -80,7 +80,7 @@ TEST(SuperLayout, ByteModelAtOneMillionTokens) {
   // number of KV heads at batch 1): flat LOCKS is summary-bound under 10x; two levels are not.
   const SummaryLayout page = summary_layout_for({1, 16, 1, 128, DType::f32}, 8, Precision::quant);
   const SuperLayout super;   // S 32, R 8, extent
-  const TwoLevelConfig cfg;  // alpha 32: one group per page slot
+  const TwoLevelConfig cfg;  // alpha 40: 1.25 groups per page slot
   const int64_t len = int64_t(1) << 20;
   for (int b : {512, 2048}) {
     const StepBytes s = two_level_step_bytes(super, page, cfg, {b, 0, 0}, len);

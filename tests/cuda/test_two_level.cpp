@@ -13,6 +13,7 @@
 
 #include "cuda_arith.h"
 #include "gpu_helpers.h"
+#include "gpu_supers.h"
 #include "locks/contract.h"
 #include "locks/error.h"
 #include "locks/reference.h"
@@ -22,58 +23,11 @@
 namespace locks::cuda_test {
 namespace {
 
-struct GpuSupers {
-  SuperStore host;
-  DevBuf<int8_t> mu_q, coord_q, lo_q, hi_q;
-  DevBuf<uint8_t> basis_q, radius_q;
-  DevBuf<float> mu_scale, basis_scale, coord_scale, radius_scale, extent_scale;
-  explicit GpuSupers(const SuperLayout& l) : host(l) {}
-  void upload() {
-    const SuperView h = host.view();
-    const SuperLayout& l = h.layout;
-    const size_t gh = size_t(l.num_slots) * l.num_kv_heads, d = l.head_dim, R = l.rank,
-                 S = l.group_pages;
-    auto up8 = [](DevBuf<int8_t>& b, const int8_t* p, size_t n) {
-      b = DevBuf<int8_t>(n);
-      b.upload(p, n);
-    };
-    auto upu = [](DevBuf<uint8_t>& b, const uint8_t* p, size_t n) {
-      b = DevBuf<uint8_t>(n);
-      b.upload(p, n);
-    };
-    auto upf = [](DevBuf<float>& b, const float* p, size_t n) {
-      b = DevBuf<float>(n);
-      b.upload(p, n);
-    };
-    up8(mu_q, h.mu_q, gh * d);
-    upf(mu_scale, h.mu_scale, gh);
-    upu(basis_q, h.basis_q, gh * R * d / 2);
-    upf(basis_scale, h.basis_scale, gh * R);
-    up8(coord_q, h.coord_q, gh * S * R);
-    upf(coord_scale, h.coord_scale, gh * R);
-    upu(radius_q, h.radius_q, gh * S);
-    upf(radius_scale, h.radius_scale, gh);
-    if (l.extent) {
-      up8(lo_q, h.lo_q, gh * S * R);
-      up8(hi_q, h.hi_q, gh * S * R);
-      upf(extent_scale, h.extent_scale, gh * R);
-    }
-  }
-  SuperView dview() {
-    SuperView v;
-    v.layout = host.layout();
-    v.mu_q = mu_q.p, v.mu_scale = mu_scale.p, v.basis_q = basis_q.p, v.basis_scale = basis_scale.p;
-    v.coord_q = coord_q.p, v.coord_scale = coord_scale.p, v.radius_q = radius_q.p;
-    v.radius_scale = radius_scale.p, v.lo_q = lo_q.p, v.hi_q = hi_q.p;
-    v.extent_scale = extent_scale.p;
-    return v;
-  }
-};
-
 struct Case {
   int Hkv, G;
   TwoLevelConfig two;
   SelectConfig sel;
+  bool gpu_supers = false;  // super summaries from cuda::super_build instead of the CPU's
 };
 
 struct Fixture {
@@ -130,9 +84,17 @@ struct Fixture {
     ul.rank = R;
     ul.extent = true;
     sup = std::make_unique<GpuSupers>(ul);
-    cpu::super_build(gc.host.view(), blocks.data(), slots.data(), int64_t(slots.size()),
-                     sup->host.view());
-    sup->upload();
+    if (!c.gpu_supers) {
+      cpu::super_build(gc.host.view(), blocks.data(), slots.data(), int64_t(slots.size()),
+                       sup->host.view());
+      sup->upload();
+    } else {  // built on the device, then copied to the host store the CPU stages read
+      sup->upload();
+      const DevBuf<int32_t> db(blocks), ds(slots);
+      cuda::super_build(gc.dview(), db.p, ds.p, int64_t(slots.size()), sup->dview(), nullptr);
+      CK(cudaDeviceSynchronize());
+      sup->download();
+    }
     dtable = DevBuf<int32_t>(table);
     htv = {table.data(), MG, MG};
     dtv = {dtable.p, MG, MG};
@@ -386,6 +348,17 @@ TEST(CudaTwoLevel, LlamaShapeStageByStage) {
 TEST(CudaTwoLevel, GlmShapeStageByStage) {
   SKIP_WITHOUT_GPU();
   run_case({2, 16, cfg(2.0, 1), {256, 1, 2}}, kLens);
+}
+
+// The same stages over super summaries the GPU built (cuda::super_build) from the cache.
+TEST(CudaTwoLevel, GpuBuiltSuperSummaries) {
+  SKIP_WITHOUT_GPU();
+  Case c{8, 4, cfg(2.0, 1), {256, 1, 2}};
+  c.gpu_supers = true;
+  run_case(c, kLens);
+  c = {2, 16, cfg(4.0, 1), {384, 0, 2}};
+  c.gpu_supers = true;
+  run_case(c, kLens);
 }
 
 TEST(CudaTwoLevel, NoSinkRecentAndOtherModes) {
