@@ -254,6 +254,12 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
 bool super_build_supported(const SuperLayout& layout);  // P 16, S <= 64, R <= 8, d 64/128/256
 void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
                  int64_t n, const SuperView& out, cudaStream_t stream);
+// Incremental, graph-safe (the grid depends on batch_size only): for each sequence of the
+// batch (device block_table / seq_lens), if its last `appended` tokens (1 <= appended <=
+// S x page_size) completed a group, build that group into slot table[b][group]. Sequences
+// whose length, group slot or block ids are out of range are skipped.
+void super_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                        const SuperTableView& table, const SuperView& out, cudaStream_t stream);
 void select_groups_list(const float* group_head_scores, const SuperTableView& table,
                         const BatchView& batch, int num_q_heads, int num_kv_heads, int page_size,
                         int group_pages, const SelectConfig& sel, const TwoLevelConfig& cfg,

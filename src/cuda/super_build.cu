@@ -29,6 +29,7 @@
 #include "locks/cuda/check.h"
 #include "locks/error.h"
 #include "locks/super_summary.h"
+#include "super_group_edge.h"
 
 namespace locks::cuda {
 namespace {
@@ -56,12 +57,27 @@ constexpr float kTraceTol = 1e-4f;
 constexpr float kRankTol = 1e-12f;
 
 struct Work {
-  const int32_t* group_blocks;  // [n, S]
-  const int32_t* slots;         // [n]
+  const int32_t* group_blocks;  // list mode: [n, S]
+  const int32_t* slots;         // list mode: [n]
   int64_t num_blocks, num_slots;
   int64_t block_stride;  // elements from one cache block to the next
   int H, S, R;
+  // Filled mode (group_blocks null): item b = sequence b; the group its last `appended`
+  // tokens completed, if any, its blocks from the block table and its slot from the table.
+  const int32_t* block_table = nullptr;
+  int64_t bt_stride = 0;
+  const int32_t* seq_lens = nullptr;
+  int max_blocks = 0, appended = 0;
+  const int32_t* table = nullptr;
+  int64_t table_stride = 0;
+  int max_groups = 0;
 };
+
+// Filled mode: the group that sequence b's last `appended` tokens completed, or -1.
+__device__ __forceinline__ int completed_group(const Work& w, int64_t b) {
+  return detail::completed_group(w.seq_lens[b], w.appended, w.S * kP, w.max_blocks, kP,
+                                 w.max_groups);
+}
 
 struct Out {
   int8_t* mu_q;
@@ -242,13 +258,28 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t item = blockIdx.x / H;
   const int h = int(blockIdx.x % H);
 
-  // 0. Ids: the whole group is skipped when one of them is out of range.
-  const int32_t slot = w.slots[item];
-  bool bad_id = !(slot >= 0 && slot < w.num_slots);
-  if (tid < S) {
-    const int32_t b = w.group_blocks[item * S + tid];
-    blk[tid] = b;
-    bad_id = bad_id || !(b >= 0 && b < w.num_blocks);
+  // 0. Ids: the whole group is skipped when one of them is out of range (or, filled mode, when
+  // the sequence completed no group).
+  int32_t slot;
+  bool bad_id;
+  if (w.group_blocks) {
+    slot = w.slots[item];
+    bad_id = !(slot >= 0 && slot < w.num_slots);
+    if (tid < S) {
+      const int32_t b = w.group_blocks[item * S + tid];
+      blk[tid] = b;
+      bad_id = bad_id || !(b >= 0 && b < w.num_blocks);
+    }
+  } else {
+    const int g = completed_group(w, item);
+    if (g < 0) return;  // uniform over the block
+    slot = w.table[item * w.table_stride + g];
+    bad_id = !(slot >= 0 && slot < w.num_slots);
+    if (tid < S) {
+      const int32_t b = w.block_table[item * w.bt_stride + int64_t(g) * S + tid];
+      blk[tid] = b;
+      bad_id = bad_id || !(b >= 0 && b < w.num_blocks);
+    }
   }
   if (__syncthreads_or(bad_id)) return;
   const int64_t gh = int64_t(slot) * H + h;
@@ -608,33 +639,37 @@ bool super_build_supported(const SuperLayout& l) {
          (l.head_dim == 64 || l.head_dim == 128 || l.head_dim == 256);
 }
 
-void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
-                 int64_t n, const SuperView& out, cudaStream_t stream) {
+namespace {
+
+// The checks both entry points share (host-visible values only).
+void check_build(const KvCacheView& cache, const SuperView& out, const char* where) {
   const SuperLayout& l = out.layout;
   validate_super_layout(l);
   validate_cache(cache);
-  LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
-  LOCKS_REQUIRE(cache.layout.page_size == l.page_size &&
-                    cache.layout.num_kv_heads == l.num_kv_heads &&
-                    cache.layout.head_dim == l.head_dim,
-                "super layout (page_size ", l.page_size, ", kv heads ", l.num_kv_heads,
-                ", head_dim ", l.head_dim, ") does not match the cache");
-  LOCKS_SUPPORTED(super_build_supported(l),
-                  "the CUDA super build needs page_size 16, S <= 64, rank <= 8 and head_dim 64, "
-                  "128 or 256; got page_size ",
-                  l.page_size, ", S ", l.group_pages, ", rank ", l.rank, ", head_dim ", l.head_dim,
-                  " (cpu::super_build serves every layout)");
-  LOCKS_REQUIRE(n >= 0, "n must be >= 0, got ", n);
-  if (n == 0) return;
-  LOCKS_REQUIRE(group_blocks != nullptr && slots != nullptr, "group_blocks / slots are null");
-  LOCKS_REQUIRE(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coord_q &&
-                    out.coord_scale && out.radius_q && out.radius_scale,
-                "super summary arrays are null");
-  LOCKS_REQUIRE(!l.extent || (out.lo_q && out.hi_q && out.extent_scale), "extent arrays are null");
-  const int64_t blocks = n * l.num_kv_heads;
-  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "too many groups in one call: ", n);
-  const Work w{group_blocks,       slots,          cache.layout.num_blocks, l.num_slots,
-               cache.block_step(), l.num_kv_heads, l.group_pages,           l.rank};
+  if (cache.k == nullptr) locks::detail::fail(where, "cache.k is null");
+  if (!(cache.layout.page_size == l.page_size && cache.layout.num_kv_heads == l.num_kv_heads &&
+        cache.layout.head_dim == l.head_dim))
+    locks::detail::fail(where, "super layout (page_size ", l.page_size, ", kv heads ",
+                        l.num_kv_heads, ", head_dim ", l.head_dim, ") does not match the cache");
+  if (!super_build_supported(l))
+    locks::detail::fail_as<Unsupported>(
+        where,
+        "the CUDA super build needs page_size 16, S <= 64, rank <= 8 and head_dim 64, 128 or "
+        "256; got page_size ",
+        l.page_size, ", S ", l.group_pages, ", rank ", l.rank, ", head_dim ", l.head_dim,
+        " (cpu::super_build serves every layout)");
+  if (!(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coord_q &&
+        out.coord_scale && out.radius_q && out.radius_scale))
+    locks::detail::fail(where, "super summary arrays are null");
+  if (l.extent && !(out.lo_q && out.hi_q && out.extent_scale))
+    locks::detail::fail(where, "extent arrays are null");
+}
+
+void launch_build(const KvCacheView& cache, const SuperView& out, const Work& w, int64_t items,
+                  cudaStream_t stream) {
+  const SuperLayout& l = out.layout;
+  const int64_t blocks = items * l.num_kv_heads;
+  LOCKS_REQUIRE(blocks < (int64_t(1) << 31), "too many groups in one call: ", items);
   const Out o{out.mu_q,    out.mu_scale,    out.basis_q,     out.basis_scale,
               out.coord_q, out.coord_scale, out.radius_q,    out.radius_scale,
               out.lo_q,    out.hi_q,        out.extent_scale};
@@ -650,6 +685,61 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
                stream);
       break;
   }
+}
+
+Work base_work(const KvCacheView& cache, const SuperLayout& l) {
+  Work w{};
+  w.num_blocks = cache.layout.num_blocks;
+  w.num_slots = l.num_slots;
+  w.block_stride = cache.block_step();
+  w.H = l.num_kv_heads;
+  w.S = l.group_pages;
+  w.R = l.rank;
+  return w;
+}
+
+}  // namespace
+
+void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
+                 int64_t n, const SuperView& out, cudaStream_t stream) {
+  check_build(cache, out, __func__);
+  LOCKS_REQUIRE(n >= 0, "n must be >= 0, got ", n);
+  if (n == 0) return;
+  LOCKS_REQUIRE(group_blocks != nullptr && slots != nullptr, "group_blocks / slots are null");
+  Work w = base_work(cache, out.layout);
+  w.group_blocks = group_blocks;
+  w.slots = slots;
+  launch_build(cache, out, w, n, stream);
+}
+
+void super_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                        const SuperTableView& table, const SuperView& out, cudaStream_t stream) {
+  check_build(cache, out, __func__);
+  const SuperLayout& l = out.layout;
+  LOCKS_REQUIRE(appended >= 1 && appended <= l.group_pages * l.page_size,
+                "appended must be in [1, S x page_size = ", l.group_pages * l.page_size, "], got ",
+                appended);
+  LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
+                "batch is empty or has null arrays");
+  LOCKS_REQUIRE(
+      batch.max_blocks_per_seq >= 1 && batch.block_table_stride >= batch.max_blocks_per_seq,
+      "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
+      batch.max_blocks_per_seq);
+  LOCKS_REQUIRE(table.table != nullptr, "super table is null");
+  const int groups = batch.max_blocks_per_seq / l.group_pages;  // complete groups at most
+  LOCKS_REQUIRE(table.max_groups_per_seq >= groups && table.stride >= table.max_groups_per_seq,
+                "super table: max_groups_per_seq ", table.max_groups_per_seq, " (stride ",
+                table.stride, ") must be >= ", groups, " and <= its stride");
+  Work w = base_work(cache, l);
+  w.block_table = batch.block_table;
+  w.bt_stride = batch.block_table_stride;
+  w.seq_lens = batch.seq_lens;
+  w.max_blocks = batch.max_blocks_per_seq;
+  w.appended = appended;
+  w.table = table.table;
+  w.table_stride = table.stride;
+  w.max_groups = groups;
+  launch_build(cache, out, w, batch.batch_size, stream);
 }
 
 }  // namespace locks::cuda

@@ -323,6 +323,93 @@ TEST(CudaSuperBuild, BadDeviceValues) {
   expect_fields_close(b.cpu->host.view(), g, slot0, 0, "head 0 beside the NaN head");
 }
 
+// super_build_filled inside a CUDA graph: each sequence whose last `appended` tokens completed
+// a group gets that group built into its table slot (equal to cpu::super_build of the same
+// blocks); every other slot keeps its bytes; then a wider `appended` crosses one more edge.
+TEST(CudaSuperBuild, FilledBuildsCompletedGroupsInAGraph) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{128, 2, 8, 8, DType::bf16, true};
+  const int gt = s.S * P;
+  const std::vector<int64_t> lens = {2 * gt, 2 * gt + 5, gt, 100, 3 * gt};
+  int64_t blocks = 0;
+  for (int64_t l : lens) blocks += (l + P - 1) / P;
+  GpuCache gc(CacheLayout{blocks + 2, P, s.H, s.d, s.dtype});
+  gc.add_structured(lens, 31);
+  const BatchView db = gc.dbatch(), hb = gc.batch.view;
+  const int B = int(lens.size()), MG = (hb.max_blocks_per_seq + s.S - 1) / s.S;
+  std::vector<int32_t> table(size_t(B) * MG);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  DevBuf<int32_t> dtable(table);
+  SuperLayout l;
+  l.num_slots = int64_t(B) * MG;
+  l.group_pages = s.S;
+  l.page_size = P;
+  l.num_kv_heads = s.H;
+  l.head_dim = s.d;
+  l.rank = s.R;
+  l.extent = s.extent;
+  GpuSupers gpu(l), cpu(l);
+  gpu.upload();
+  gpu.mu_scale.poison(), gpu.basis_q.poison();
+  // The CPU build of every complete group of every sequence, in its slot.
+  std::vector<int32_t> gb, gs;
+  for (int b = 0; b < B; ++b)
+    for (int g = 0; g < hb.seq_lens[b] / gt; ++g) {
+      gs.push_back(b * MG + g);
+      for (int p = 0; p < s.S; ++p)
+        gb.push_back(hb.block_table[int64_t(b) * hb.block_table_stride + g * s.S + p]);
+    }
+  cpu::super_build(gc.host.view(), gb.data(), gs.data(), int64_t(gs.size()), cpu.host.view());
+
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  const SuperTableView tv{dtable.p, MG, MG};
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  cuda::super_build_filled(gc.dview(), db, 1, tv, gpu.dview(), st);
+  CK(cudaStreamEndCapture(st, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, st));
+  CK(cudaStreamSynchronize(st));
+  gpu.download();
+  const SuperView gv = gpu.host.view();
+  auto written = [&](int slot, int h) {
+    uint32_t bits;
+    std::memcpy(&bits, &gv.mu_scale[slot * s.H + h], 4);
+    return bits != 0xffffffffu;
+  };
+  // appended 1: sequences 0 (group 1), 2 (group 0) and 4 (group 2) completed a group.
+  const std::vector<std::pair<int, int>> built = {{0, 1}, {2, 0}, {4, 2}};
+  for (int b = 0; b < B; ++b)
+    for (int g = 0; g < MG; ++g)
+      for (int h = 0; h < s.H; ++h) {
+        const bool want =
+            std::find(built.begin(), built.end(), std::make_pair(b, g)) != built.end();
+        ASSERT_EQ(written(b * MG + g, h), want) << "sequence " << b << " group " << g;
+        if (want)
+          expect_fields_close(cpu.host.view(), gv, b * MG + g, h,
+                              "filled, sequence " + std::to_string(b));
+      }
+  // appended 20: sequence 1 (2 gt + 5 tokens) crossed the edge of group 1 too.
+  gpu.mu_scale.poison();
+  cuda::super_build_filled(gc.dview(), db, 20, tv, gpu.dview(), st);
+  CK(cudaStreamSynchronize(st));
+  gpu.download();
+  for (int h = 0; h < s.H; ++h) {
+    EXPECT_TRUE(written(1 * MG + 1, h));
+    expect_fields_close(cpu.host.view(), gv, 1 * MG + 1, h, "filled, appended 20");
+    EXPECT_FALSE(written(3 * MG + 0, h));  // 100 tokens: no group
+  }
+  EXPECT_THROW(cuda::super_build_filled(gc.dview(), db, 0, tv, gpu.dview(), st), Error);
+  EXPECT_THROW(cuda::super_build_filled(gc.dview(), db, gt + 1, tv, gpu.dview(), st), Error);
+  EXPECT_THROW(cuda::super_build_filled(gc.dview(), db, 1, {dtable.p, MG, MG - 1}, gpu.dview(), st),
+               Error);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(st));
+}
+
 TEST(CudaSuperBuild, HostChecks) {
   SKIP_WITHOUT_GPU();
   const Shape s{128, 1, 8, 8, DType::bf16, true};
