@@ -200,6 +200,12 @@ namespace cpu {
 // non-finite keys, ids out of range, or a layout that does not match the cache.
 void super_build(const KvCacheView& cache, const int32_t* group_blocks, const int32_t* slots,
                  int64_t n, const SuperView& out);
+// Incremental: for each sequence of the batch, if its last `appended` tokens (1 <= appended
+// <= S x page_size) completed a group, build that group into slot table[b][group] (the
+// decode step's update, as cuda::super_build_filled). Throws on invalid lengths, block ids
+// or slots (before writing anything).
+void super_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                        const SuperTableView& table, const SuperView& out);
 
 // group_head_scores [batch, num_q_heads, max_groups_per_seq]: the group score of every
 // complete group, -inf for the others.

@@ -9,6 +9,7 @@
 #include "internal/row_convert.h"
 #include "locks/error.h"
 #include "locks/super_summary.h"
+#include "super_group_edge.h"  // src/common
 
 namespace locks {
 namespace {
@@ -204,6 +205,41 @@ void super_build(const KvCacheView& cache, const int32_t* group_blocks, const in
       }
     }
   }
+}
+
+void super_build_filled(const KvCacheView& cache, const BatchView& batch, int appended,
+                        const SuperTableView& table, const SuperView& out) {
+  const SuperLayout& l = out.layout;
+  validate_super_layout(l);
+  const int S = l.group_pages, P = l.page_size;
+  LOCKS_REQUIRE(appended >= 1 && appended <= S * P,
+                "appended must be in [1, S x page_size = ", S * P, "], got ", appended);
+  LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
+                "batch is empty or has null arrays");
+  LOCKS_REQUIRE(
+      batch.max_blocks_per_seq >= 1 && batch.block_table_stride >= batch.max_blocks_per_seq,
+      "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
+      batch.max_blocks_per_seq);
+  LOCKS_REQUIRE(table.table != nullptr, "super table is null");
+  const int groups = batch.max_blocks_per_seq / S;  // complete groups at most
+  LOCKS_REQUIRE(table.max_groups_per_seq >= groups && table.stride >= table.max_groups_per_seq,
+                "super table: max_groups_per_seq ", table.max_groups_per_seq, " (stride ",
+                table.stride, ") must be >= ", groups, " and <= its stride");
+  // The host sees every value, so (unlike the kernel, which skips them) bad lengths, slots and
+  // block ids are errors; the groups to build are gathered first and built in one call, so a
+  // refusal writes nothing.
+  validate_batch(cache.layout, batch);
+  std::vector<int32_t> blocks, slots;
+  for (int b = 0; b < batch.batch_size; ++b) {
+    const int g = detail::completed_group(batch.seq_lens[b], appended, S * P,
+                                          batch.max_blocks_per_seq, P, groups);
+    if (g < 0) continue;
+    slots.push_back(table.table[int64_t(b) * table.stride + g]);
+    for (int p = 0; p < S; ++p)
+      blocks.push_back(
+          batch.block_table[int64_t(b) * batch.block_table_stride + int64_t(g) * S + p]);
+  }
+  super_build(cache, blocks.data(), slots.data(), int64_t(slots.size()), out);
 }
 
 }  // namespace cpu

@@ -29,7 +29,7 @@
 #include "locks/cuda/check.h"
 #include "locks/error.h"
 #include "locks/super_summary.h"
-#include "super_group_edge.h"
+#include "super_group_edge.h"  // src/common
 
 namespace locks::cuda {
 namespace {
@@ -75,8 +75,8 @@ struct Work {
 
 // Filled mode: the group that sequence b's last `appended` tokens completed, or -1.
 __device__ __forceinline__ int completed_group(const Work& w, int64_t b) {
-  return detail::completed_group(w.seq_lens[b], w.appended, w.S * kP, w.max_blocks, kP,
-                                 w.max_groups);
+  return locks::detail::completed_group(w.seq_lens[b], w.appended, w.S * kP, w.max_blocks, kP,
+                                        w.max_groups);
 }
 
 struct Out {

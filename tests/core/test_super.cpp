@@ -220,6 +220,48 @@ TEST(SuperBuild, CentroidIsTheGroupMean) {
   }
 }
 
+// The decode-time update: with a batch whose lengths end on a group edge (sequence 1: 9
+// complete groups of S 4 exactly) the group the last token completed is built into its table
+// slot, equal to the bulk build; a sequence mid-group (sequence 0) writes nothing; a wider
+// `appended` reaches back over sequence 0's last edge; bad lengths are refused.
+TEST(SuperBuild, FilledBuildsTheCompletedGroup) {
+  TestCache t = make_cache(long_spec(true, 6));
+  Supers ref = build_supers(t, 4, 3, true);
+  SuperStore out(ref.store->layout());
+  SuperView ov = out.view();
+  const size_t gh = size_t(ov.layout.num_slots) * ov.layout.num_kv_heads;
+  std::fill(ov.mu_scale, ov.mu_scale + gh, -1.0f);  // "not written" marker
+  const SuperTableView tv = ref.view();
+  cpu::super_build_filled(t.view(), t.bv(), 1, tv, ov);
+  const int H = t.spec.num_kv_heads, d = t.spec.head_dim;
+  const SuperView rv = ref.store->view();
+  for (int64_t slot = 0; slot < ov.layout.num_slots; ++slot) {
+    const bool want = slot == ref.table[size_t(1) * ref.max_groups + 8];  // sequence 1, group 8
+    for (int h = 0; h < H; ++h) {
+      const int64_t i = slot * H + h;
+      ASSERT_EQ(ov.mu_scale[i] != -1.0f, want) << "slot " << slot;
+      if (!want) continue;
+      EXPECT_EQ(ov.mu_scale[i], rv.mu_scale[i]);
+      EXPECT_TRUE(std::equal(ov.mu_q + i * d, ov.mu_q + (i + 1) * d, rv.mu_q + i * d));
+      EXPECT_TRUE(std::equal(ov.basis_q + i * 3 * d / 2, ov.basis_q + (i + 1) * 3 * d / 2,
+                             rv.basis_q + i * 3 * d / 2));
+      EXPECT_TRUE(std::equal(ov.hi_q + i * 4 * 3, ov.hi_q + (i + 1) * 4 * 3, rv.hi_q + i * 4 * 3));
+    }
+  }
+  // Sequence 0 has 12 groups and 37 more tokens: appended 38 crosses the edge of group 11.
+  cpu::super_build_filled(t.view(), t.bv(), 38, tv, ov);
+  EXPECT_NE(ov.mu_scale[ref.table[11] * H], -1.0f);
+  EXPECT_THROW(cpu::super_build_filled(t.view(), t.bv(), 0, tv, ov), InvalidArgument);
+  EXPECT_THROW(cpu::super_build_filled(t.view(), t.bv(), 65, tv, ov), InvalidArgument);
+  const SuperTableView narrow{tv.table, tv.stride, tv.max_groups_per_seq - 10};
+  EXPECT_THROW(cpu::super_build_filled(t.view(), t.bv(), 1, narrow, ov), InvalidArgument);
+  std::vector<int32_t> lens(t.bv().seq_lens, t.bv().seq_lens + t.bv().batch_size);
+  lens[0] = 1 << 30;
+  BatchView bad = t.bv();
+  bad.seq_lens = lens.data();
+  EXPECT_THROW(cpu::super_build_filled(t.view(), bad, 1, tv, ov), InvalidArgument);
+}
+
 TEST(SuperBuild, RejectsBadInput) {
   TestCache t = make_cache(long_spec(false, 5));
   Supers s = build_supers(t, 4, 2, false);

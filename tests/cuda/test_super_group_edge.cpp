@@ -1,10 +1,10 @@
-// The group-edge rule of cuda::super_build_filled (src/cuda/super_group_edge.h) as a pure
+// The group-edge rule of cuda::super_build_filled (src/common/super_group_edge.h) as a pure
 // function: no GPU needed, so it runs in the CPU CI too. Checked against a restatement by
 // brute force: the group g is completed by the step iff its last token (g + 1) * S * P - 1
 // is among the step's tokens [len - appended, len).
 #include <gtest/gtest.h>
 
-#include "../../src/cuda/super_group_edge.h"
+#include "../../src/common/super_group_edge.h"
 
 namespace locks::cuda_test {
 namespace {
@@ -25,13 +25,13 @@ TEST(SuperGroupEdge, MatchesBruteForce) {
     const int gt = S * P, max_blocks = 5 * S + 3, max_groups = max_blocks / S;
     for (int appended : {1, 2, 15, gt - 1, gt})
       for (int len = -2; len <= max_blocks * P + 2; ++len)
-        ASSERT_EQ(cuda::detail::completed_group(len, appended, gt, max_blocks, P, max_groups),
+        ASSERT_EQ(locks::detail::completed_group(len, appended, gt, max_blocks, P, max_groups),
                   brute(len, appended, gt, max_blocks, P, max_groups))
             << "S " << S << " appended " << appended << " len " << len;
   }
   // A table narrower than the block table: groups past it are not built.
-  EXPECT_EQ(cuda::detail::completed_group(3 * 32, 1, 32, 10, 16, 2), -1);
-  EXPECT_EQ(cuda::detail::completed_group(2 * 32, 1, 32, 10, 16, 2), 1);
+  EXPECT_EQ(locks::detail::completed_group(3 * 32, 1, 32, 10, 16, 2), -1);
+  EXPECT_EQ(locks::detail::completed_group(2 * 32, 1, 32, 10, 16, 2), 1);
 }
 
 }  // namespace

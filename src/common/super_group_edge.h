@@ -1,6 +1,6 @@
-// Which group a sequence's last `appended` tokens completed (cuda::super_build_filled), as a
-// pure function of its length, shared by the kernel and a host test (no GPU needed:
-// tests/cuda/test_super_group_edge.cpp).
+// Which group a sequence's last `appended` tokens completed (cpu:: and cuda::
+// super_build_filled), as a pure function of its length, shared by the CPU build, the kernel
+// and a host test (tests/cuda/test_super_group_edge.cpp: no GPU needed).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #define LOCKS_HOST_DEVICE
 #endif
 
-namespace locks::cuda::detail {
+namespace locks::detail {
 
 // len: the sequence's length after the step (untrusted: outside [1, max_blocks * page_size]
 // gives -1); appended in [1, group_tokens] (checked by the caller); group_tokens = S * page
@@ -26,4 +26,4 @@ LOCKS_HOST_DEVICE inline int completed_group(int32_t len, int appended, int grou
   return g < max_groups ? g : -1;
 }
 
-}  // namespace locks::cuda::detail
+}  // namespace locks::detail
