@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "ops_impl.h"
+#include "ops_two_level.h"
 
 namespace locks_torch {
 namespace {
@@ -51,6 +52,23 @@ struct CpuOps {
                                      Stream) {
     locks::cpu::decode_attention_dense(p, ws, c, b, q, o);
   }
+  static void super_build(const locks::KvCacheView& c, const int32_t* blocks, const int32_t* slots,
+                          int64_t n, const locks::SuperView& o, Stream) {
+    locks::cpu::super_build(c, blocks, slots, n, o);
+  }
+  static void super_build_filled(const locks::KvCacheView& c, const locks::BatchView& b,
+                                 int appended, const locks::SuperTableView& t,
+                                 const locks::SuperView& o, Stream) {
+    locks::cpu::super_build_filled(c, b, appended, t, o);
+  }
+  static void decode_two_level(const locks::DecodePlan& p, locks::Workspace ws,
+                               const locks::KvCacheView& c, const locks::SummaryView& s,
+                               const locks::SuperView& sv, const locks::SuperTableView& t,
+                               const locks::BatchView& b, const locks::QueryView& q,
+                               const locks::AttentionOutput& o, const locks::Selection* sel,
+                               Stream) {
+    locks::cpu::decode_two_level(p, ws, c, s, sv, t, b, q, o, sel);
+  }
 };
 
 at::Tensor qweight_from_queries(const at::Tensor& q_obs, int64_t num_kv_heads, double floor) {
@@ -72,5 +90,6 @@ at::Tensor qweight_from_queries(const at::Tensor& q_obs, int64_t num_kv_heads, d
 
 TORCH_LIBRARY_IMPL(locks, CPU, m) {
   locks_torch::register_ops<locks_torch::CpuOps>(m);
+  locks_torch::register_two_level_ops<locks_torch::CpuOps>(m);
   m.impl("qweight_from_queries", &locks_torch::qweight_from_queries);
 }

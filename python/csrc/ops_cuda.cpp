@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "ops_impl.h"
+#include "ops_two_level.h"
 
 namespace locks_torch {
 namespace {
@@ -55,9 +56,29 @@ struct CudaOps {
                                      Stream st) {
     locks::cuda::decode_attention_dense(p, ws, c, b, q, o, st);
   }
+  static void super_build(const locks::KvCacheView& c, const int32_t* blocks, const int32_t* slots,
+                          int64_t n, const locks::SuperView& o, Stream st) {
+    locks::cuda::super_build(c, blocks, slots, n, o, st);
+  }
+  static void super_build_filled(const locks::KvCacheView& c, const locks::BatchView& b,
+                                 int appended, const locks::SuperTableView& t,
+                                 const locks::SuperView& o, Stream st) {
+    locks::cuda::super_build_filled(c, b, appended, t, o, st);
+  }
+  static void decode_two_level(const locks::DecodePlan& p, locks::Workspace ws,
+                               const locks::KvCacheView& c, const locks::SummaryView& s,
+                               const locks::SuperView& sv, const locks::SuperTableView& t,
+                               const locks::BatchView& b, const locks::QueryView& q,
+                               const locks::AttentionOutput& o, const locks::Selection* sel,
+                               Stream st) {
+    locks::cuda::decode_two_level(p, ws, c, s, sv, t, b, q, o, sel, st);
+  }
 };
 
 }  // namespace
 }  // namespace locks_torch
 
-TORCH_LIBRARY_IMPL(locks, CUDA, m) { locks_torch::register_ops<locks_torch::CudaOps>(m); }
+TORCH_LIBRARY_IMPL(locks, CUDA, m) {
+  locks_torch::register_ops<locks_torch::CudaOps>(m);
+  locks_torch::register_two_level_ops<locks_torch::CudaOps>(m);
+}

@@ -36,7 +36,8 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                           int64_t rank, int64_t precision, int64_t num_q_heads, int64_t max_batch,
                           int64_t max_blocks_per_seq, int64_t budget_tokens, int64_t sink_pages,
                           int64_t recent_pages, double scale, double tau, int64_t floor_pages,
-                          int64_t dense_below) {
+                          int64_t dense_below, int64_t group_pages, int64_t super_slots,
+                          int64_t super_rank, double alpha) {
   const locks::Backend be = to_backend(backend);
   TORCH_CHECK_VALUE(num_blocks >= 1, "num_blocks = ", num_blocks, " must be >= 1");
   TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 0, "scale = ", scale,
@@ -62,6 +63,21 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                     "tau = ", tau, " is not representable as a positive float");
   p.select.floor_pages = to_int(floor_pages, "floor_pages", 0);
   p.select.dense_below = to_int(dense_below, "dense_below", 0);
+  if (group_pages != 0) {  // a two-level plan (validated by plan_decode)
+    p.two_level = true;
+    p.super.group_pages = to_int(group_pages, "group_pages", 1);
+    TORCH_CHECK_VALUE(super_slots >= 1, "super_slots = ", super_slots,
+                      " must be >= 1 with group_pages > 0");
+    p.super.num_slots = super_slots;
+    p.super.page_size = p.cache.page_size;
+    p.super.num_kv_heads = p.cache.num_kv_heads;
+    p.super.head_dim = p.cache.head_dim;
+    p.super.rank = to_int(super_rank, "super_rank", 1);
+    p.super.extent = true;
+    TORCH_CHECK_VALUE(std::isfinite(alpha) && alpha >= 1, "alpha = ", alpha,
+                      " must be finite and >= 1");
+    p.two.alpha = alpha;
+  }
   const int r = to_int(rank, "rank", 1);
   const locks::Precision prec = to_precision(precision);
   std::vector<int64_t> out;

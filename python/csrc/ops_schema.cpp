@@ -16,11 +16,15 @@ TORCH_LIBRARY(locks, m) {
   // precision 0 = fp32 summaries, 1 = int4. Element 0 = workspace bytes, 1 = capacity.
   // tau: 0 = fixed budget, (0, 1] = adaptive (include/locks/select.h), floor_pages its floor;
   // dense_below: sequences shorter than this many tokens attend every page (0 = off).
+  // group_pages > 0: a two-level plan (include/locks/super_summary.h: S pages a super-page,
+  // super_slots super summaries stored, rank super_rank, extent layout, alpha; the other
+  // TwoLevelConfig fields at their defaults) for decode_two_level.
   m.def(
       "plan(int backend, int num_blocks, int page_size, int num_kv_heads, int head_dim, "
       "ScalarType kv_dtype, int rank, int precision, int num_q_heads, int max_batch, "
       "int max_blocks_per_seq, int budget_tokens, int sink_pages, int recent_pages, "
-      "float scale, float tau=0.0, int floor_pages=1, int dense_below=0) -> int[]",
+      "float scale, float tau=0.0, int floor_pages=1, int dense_below=0, int group_pages=0, "
+      "int super_slots=0, int super_rank=8, float alpha=40.0) -> int[]",
       &locks_torch::plan);
   // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(
@@ -51,4 +55,21 @@ TORCH_LIBRARY(locks, m) {
       "decode_attention(Tensor(a!) workspace, int[] plan, Tensor q, Tensor k_cache, "
       "Tensor v_cache, Tensor block_table, Tensor seq_lens, Tensor? pages, Tensor? counts, "
       "Tensor(b!) out, Tensor(c!) lse) -> ()");
+  // Two-level LOCKS (include/locks/super_summary.h). supers: 8 tensors (centroid layout) or 11
+  // (extent layout; torch_super_views.h). super_build: the groups group_blocks [n, S] into
+  // slots [n]; super_update: the group each sequence's last token completed (seq_lens after
+  // the append), into its slot of super_table [batch, max_groups] (device, no host sync).
+  m.def(
+      "super_build(Tensor k_cache, Tensor group_blocks, Tensor slots, Tensor(a!)[] supers) -> ()");
+  m.def(
+      "super_update(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor super_table, "
+      "Tensor(a!)[] supers) -> ()");
+  // The whole two-level step with a two-level plan: level 1 over the super summaries, the
+  // page summaries of the kept groups, selection, exact attention; the selection is written
+  // to pages / counts when given (capacity = the plan's).
+  m.def(
+      "decode_two_level(Tensor(a!) workspace, int[] plan, Tensor q, Tensor k_cache, "
+      "Tensor v_cache, Tensor[] summaries, Tensor[] supers, Tensor super_table, "
+      "Tensor block_table, Tensor seq_lens, Tensor(b!) out, Tensor(c!) lse, "
+      "Tensor(d!)? pages=None, Tensor(e!)? counts=None) -> ()");
 }

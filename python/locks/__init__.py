@@ -33,6 +33,7 @@ if not _os.path.exists(_LIB):
 _torch.ops.load_library(_LIB)
 
 from . import ops  # noqa: E402  (registers the fake implementations)
+from . import two_level  # noqa: E402  (the two-level ops' fake implementations)
 from .ops import (  # noqa: E402
     QuantSummaries,
     Summaries,
@@ -44,6 +45,6 @@ from .ops import (  # noqa: E402
 )
 from .wrapper import DecodeWrapper  # noqa: E402
 
-__all__ = ["ops", "DecodeWrapper", "supports", "workspace_bytes", "new_summaries", "summary_build",
+__all__ = ["ops", "two_level", "DecodeWrapper", "supports", "workspace_bytes", "new_summaries", "summary_build",
            "summary_update", "Summaries", "QuantSummaries"]
 __version__ = "0.1.0"

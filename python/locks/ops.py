@@ -84,6 +84,14 @@ def check_tau(tau, where: str = "locks") -> float:
     return t
 
 
+def _alpha(a) -> float:
+    if isinstance(a, bool) or not isinstance(a, numbers.Real):
+        raise TypeError(f"locks: alpha must be a float, got {type(a).__name__}")
+    if not (a >= 1.0 and a != float("inf")):
+        raise ValueError(f"locks: alpha must be finite and >= 1, got {a}")
+    return float(a)
+
+
 def _backend(b) -> str:
     """'cpu' / 'cuda' from a backend name or a device."""
     try:
@@ -157,14 +165,17 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
          max_blocks_per_seq: int, page_size: int = 16, rank: int = 8, precision: str = "int4",
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
          recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
-         floor_pages: int = 1, dense_below: int = 0) -> list[int]:
+         floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0, super_slots: int = 0,
+         super_rank: int = 8, alpha: float = 40.0) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
     Element 0 is the workspace size the backend needs, element 1 the selection capacity.
     tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
     fewest (at least floor_pages) whose estimated mass covers tau of the estimated total.
     dense_below > 0: a minimum context; sequences shorter than that many tokens attend every
     page inside the same step (and graph), longer ones select (the capacity grows to hold the
-    short ones' pages: select_capacity)."""
+    short ones' pages: select_capacity).
+    group_pages > 0: a two-level plan for decode_two_level (locks.two_level): S pages a super-page,
+    super_slots super summaries stored, super_rank their rank, alpha the kept groups' share."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
@@ -178,7 +189,9 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
             check_int("max_blocks_per_seq", max_blocks_per_seq, lo=1),
             check_int("budget_tokens", budget_tokens, lo=0), check_int("sink_pages", sink_pages, lo=0),
             check_int("recent_pages", recent_pages, lo=0), float(scale), check_tau(tau),
-            check_int("floor_pages", floor_pages, lo=0), check_int("dense_below", dense_below, lo=0))
+            check_int("floor_pages", floor_pages, lo=0), check_int("dense_below", dense_below, lo=0),
+            check_int("group_pages", group_pages, lo=0), check_int("super_slots", super_slots, lo=0),
+            check_int("super_rank", super_rank, lo=1), _alpha(alpha))
     if backend == "cuda":
         with torch.cuda.device(torch.device(device)):
             return list(_ops.plan(*args))

@@ -1,0 +1,150 @@
+"""The two-level torch operators (locks.two_level; CPU): super summaries against float64
+torch statistics, super_update against super_build, decode_two_level against the float64
+attention over its own selection (and over every token when the budget covers the context),
+opcheck, and the refusals."""
+import math
+
+import pytest
+import torch
+
+from locks import ops, two_level
+from test_ops import D, H, P, batch, make_cache, ref_attention
+
+S, R = 4, 8  # pages a group, group rank
+LENS = [16 * S * 20 + 7, 16 * S * 12]  # 20 and 12 complete groups; the second ends on an edge
+
+
+def setup(lens=LENS, seed=0):
+    mb = max(-(-n // P) for n in lens)
+    nb = len(lens) * mb + 3
+    k, v = make_cache(nb, seed=seed)
+    bt, sl = batch(nb, lens, mb)
+    s = ops.new_summaries(nb, H, D, P, 8, precision="int4")
+    ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
+    max_groups = -(-mb // S)
+    table = torch.zeros(len(lens), max_groups, dtype=torch.int32)
+    blocks, slots = [], []
+    for b, n in enumerate(lens):
+        for j in range(n // P // S):
+            table[b, j] = len(slots)
+            slots.append(len(slots))
+            blocks.append(bt[b, j * S:(j + 1) * S])
+    sup = two_level.new_supers(len(slots), H, D, S, R)
+    gb = torch.stack(blocks).contiguous()
+    gs = torch.tensor(slots, dtype=torch.int32)
+    two_level.super_build(k, gb, gs, sup)
+    return k, v, bt, sl, s, sup, table, gb, gs
+
+
+def group_keys(k, blocks, h):
+    return k[blocks.long(), :, h].reshape(-1, D).double()  # [S * P, d]
+
+
+def test_super_build_centroid_and_basis():
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    for slot in (0, 13, len(gs) - 1):
+        for h in range(H):
+            keys = group_keys(k, gb[slot], h)
+            mean = keys.mean(0)
+            mu = sup.mu_q[slot, h].double() * float(sup.mu_scale[slot, h])
+            assert torch.allclose(mu, mean, atol=0.5 * float(sup.mu_scale[slot, h]) + 1e-6)
+            # The int4 basis rows span (nearly) the top-R principal subspace.
+            codes = sup.basis_q[slot, h].to(torch.int16)
+            lo = ((codes & 0xF) ^ 8) - 8
+            hi = ((codes >> 4) ^ 8) - 8
+            W = torch.stack([lo, hi], -1).reshape(R, D).double() * sup.basis_scale[slot, h, :, None].double()
+            Q, _ = torch.linalg.qr(W.T)
+            C = (keys - mean).T @ (keys - mean) / keys.shape[0]
+            best = torch.linalg.eigvalsh(C)[-R:].sum()
+            assert float(torch.trace(Q.T @ C @ Q)) >= 0.9 * float(best)
+
+
+def test_super_update_builds_what_super_build_builds():
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    fresh = two_level.new_supers(len(gs), H, D, S, R)
+    two_level.super_update(k, bt, sl, table, fresh)
+    done = int(table[1, 11])  # sequence 1 ends on the edge of its group 11; sequence 0 does not
+    for a, b in zip(fresh, sup):
+        assert torch.equal(a[done], b[done])
+        others = torch.cat([a[:done].flatten(), a[done + 1:].flatten()])
+        assert not others.any()
+
+
+def test_full_budget_is_dense():
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    q = torch.randn(len(LENS), 3 * H, D)
+    out, lse = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, budget_tokens=max(LENS))
+    ro, rl = ref_attention(q, k, v, bt, sl)
+    assert torch.allclose(out.double(), ro, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(lse.double(), rl, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sink, recent", [(0, 0), (1, 2)])
+def test_selection_and_attention_over_it(sink, recent):
+    k, v, bt, sl, s, sup, table, gb, gs = setup(seed=3)
+    q = torch.randn(len(LENS), 3 * H, D) * 2
+    budget = 128
+    out, lse, pages, counts = two_level.two_level_decode(
+        q, k, v, s, sup, table, bt, sl, budget_tokens=budget, sink_pages=sink, recent_pages=recent,
+        alpha=2.0, return_selection=True)
+    for b, n in enumerate(LENS):
+        npages = -(-n // P)
+        for h in range(H):
+            c = int(counts[b, h])
+            assert c == budget // P
+            sel = pages[b, h, :c].tolist()
+            assert sel == sorted(set(sel)) and 0 <= sel[0] and sel[-1] < npages
+            if n % P:  # a partial tail page has no summary: always attended
+                assert sel[-1] == npages - 1
+            full = n // P
+            assert all(p in sel for p in range(sink))
+            assert all(p in sel for p in range(full - recent, full))
+    ro, rl = ref_attention(q, k, v, bt, sl, pages, counts)
+    assert torch.allclose(out.double(), ro, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(lse.double(), rl, atol=1e-4, rtol=1e-4)
+
+
+def _plan(**kw):
+    args = dict(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=200, max_batch=2,
+                max_blocks_per_seq=81, budget_tokens=128, group_pages=S, super_slots=32,
+                super_rank=R, alpha=2.0)
+    args.update(kw)
+    return ops.plan(**args)
+
+
+def test_refusals():
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    q = torch.randn(len(LENS), 3 * H, D)
+    with pytest.raises(ValueError, match="super_slots"):
+        _plan(super_slots=0)
+    with pytest.raises(ValueError, match="alpha"):
+        _plan(alpha=0.5)
+    flat = ops.plan(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=k.shape[0],
+                    max_batch=2, max_blocks_per_seq=bt.shape[1], budget_tokens=128)
+    ws = torch.empty(ops.plan_workspace_bytes(flat), dtype=torch.uint8)
+    out, lse = torch.empty_like(q), torch.empty(2, 3 * H)
+    with pytest.raises(ValueError, match="two-level"):
+        torch.ops.locks.decode_two_level(ws, flat, q, k, v, list(s), list(sup), table, bt, sl, out, lse)
+    with pytest.raises(ValueError, match="supers"):
+        two_level.super_build(k, gb, gs, list(sup)[:10])
+    with pytest.raises(ValueError, match="group_blocks"):
+        two_level.super_build(k, gb[:, :2].contiguous(), gs, sup)
+    with pytest.raises(ValueError, match="super_table"):
+        two_level.super_update(k, bt, sl, table.float(), sup)
+    bad = sl.clone()
+    bad[0] = 10**6
+    with pytest.raises(ValueError):
+        two_level.super_update(k, bt, bad, table, sup)
+
+
+def test_opcheck():
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    torch.library.opcheck(torch.ops.locks.super_build.default, (k, gb, gs, list(sup)))
+    q = torch.randn(len(LENS), 3 * H, D)
+    vec = _plan(num_blocks=k.shape[0], max_blocks_per_seq=bt.shape[1], super_slots=len(gs),
+                kv_dtype=k.dtype)
+    ws = torch.empty(ops.plan_workspace_bytes(vec), dtype=torch.uint8)
+    out, lse = torch.empty_like(q), torch.empty(2, 3 * H)
+    torch.library.opcheck(torch.ops.locks.decode_two_level.default,
+                          (ws, vec, q, k, v, list(s), list(sup), table, bt, sl, out, lse))
+    assert math.isfinite(float(lse.sum()))
