@@ -9,6 +9,9 @@ PY="${PYTHON:-python3}"
 [ "${LOCKS_PY_INSTALLED:-}" = 1 ] || PYTHON="$PY" scripts/python_setup.sh --vllm
 export LOCKS_PY_INSTALLED=1
 export HF_HUB_OFFLINE=1
+# The torch operators' CUDA registration, compiled for syntax against the CUDA toolkit (the
+# package here is built without it).
+PYTHON="$PY" scripts/cuda_ops_syntax.sh
 # One single-threaded pytest worker per core (pytest-xdist): the slow tests are small-model
 # CPU inference, where two one-thread processes finish the suite in 202 s against 315 s for
 # one two-thread process (2-core CI machine, 2026-12-03).
