@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ops, selectors
+from . import ops, selectors, two_level
 from .selectors import SELECTORS
 from .wrapper import DecodeWrapper, check_all_finite
 
@@ -96,6 +96,11 @@ class LocksConfig:
     # where it cost recall at small budgets (SmolLM2 8K: -0.016 at b 128, -0.007 at b 512).
     query_weighted: bool | None = None
     obs_window: int = 32
+    # selector "locks_h2" (two-level LOCKS, docs/study_hierarchical.md): a super summary per
+    # group_pages pages (rank 8, extent layout), the best groups' pages scored from their page
+    # summaries; alpha: kept groups cover alpha x the budget's page slots (TwoLevelConfig).
+    group_pages: int = 32
+    alpha: float = 40.0
 
     def weighted_for(self, head_dim: int) -> bool:
         """Whether a layer of this head_dim builds query-weighted summaries."""
@@ -137,6 +142,11 @@ class LocksConfig:
             raise TypeError(f"locks: query_weighted must be a bool or None (auto), got "
                             f"{type(self.query_weighted).__name__}")
         check_int("obs_window", self.obs_window, lo=1, where="locks")
+        check_int("group_pages", self.group_pages, lo=2, hi=256, where="locks")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real):
+            raise TypeError(f"locks: alpha must be a float, got {type(self.alpha).__name__}")
+        if not 1.0 <= float(self.alpha) < float("inf"):
+            raise ValueError(f"locks: alpha must be finite and >= 1, got {self.alpha}")
         if self.budget is not None:
             check_int("budget", self.budget, lo=1, where="locks")
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
@@ -205,6 +215,7 @@ class LocksLayer(CacheLayerMixin):
         self.pending = None  # prefill K/V, stored once the attention function knows the padding
         self.k_pages = self.v_pages = None
         self.summaries = None
+        self.supers = self.super_table = None  # selector "locks_h2": super summaries, slots
         self.qweight = None  # [H, d] query weights (query-weighted summaries), set at prefill
         self.block_table = self.seq_lens = None
         self.lens: list[int] = []
@@ -274,14 +285,51 @@ class LocksLayer(CacheLayerMixin):
         self.summaries = ops.new_summaries(n, heads, head_dim, P, self.cfg.rank, dev, self.cfg.precision)
         # sequence b owns blocks [b * max_blocks, (b + 1) * max_blocks)
         self.block_table = torch.arange(n, dtype=torch.int32, device=dev).view(batch, self.max_blocks)
+        self.supers = self.super_table = None
+        if self.cfg.selector == "locks_h2":
+            self._allocate_supers()
+
+    def _allocate_supers(self) -> None:
+        """Zeroed super summaries for the storage (selector "locks_h2"): group j of sequence b in
+        slot b * groups + j."""
+        B, groups = self.block_table.shape[0], -(-self.max_blocks // self.cfg.group_pages)
+        _, _, H, d = self.k_pages.shape
+        self.supers = two_level.new_supers(B * groups, H, d, self.cfg.group_pages, 8, self.device)
+        self.super_table = torch.arange(B * groups, dtype=torch.int32, device=self.device).view(B, groups)
+
+    def _build_supers(self) -> None:
+        """The super summaries of every complete group (after a prefill, or a change of config)."""
+        S, P, groups = self.cfg.group_pages, self.cfg.page_size, self.super_table.shape[1]
+        done = [(b, j) for b, n in enumerate(self.lens) for j in range(n // P // S)]
+        if done:
+            blocks = torch.stack([self.block_table[b, j * S:(j + 1) * S] for b, j in done])
+            slots = torch.tensor([b * groups + j for b, j in done], dtype=torch.int32, device=self.device)
+            two_level.super_build(self.k_pages, blocks.contiguous(), slots, self.supers)
+
+    def use_config(self, cfg: LocksConfig) -> None:
+        """Decode under cfg from now on (LocksCache.with_config): super summaries built or
+        dropped to match its selector."""
+        self.cfg = cfg
+        self._plan_params = None
+        if self.k_pages is None:
+            return
+        if cfg.selector != "locks_h2":
+            self.supers = self.super_table = None
+        elif self.supers is None or self.supers.coord_q.shape[2] != cfg.group_pages:
+            self._allocate_supers()
+            self._build_supers()
 
     def _grow(self, max_tokens: int) -> None:
         """Re-allocate with room for max_tokens per sequence, keeping contents (eager only)."""
         B, old = len(self.lens), self.max_blocks
-        k, v, s = self.k_pages, self.v_pages, self.summaries
+        k, v, s, sup = self.k_pages, self.v_pages, self.summaries, self.supers
         self._allocate(B, k.shape[2], k.shape[3], max(max_tokens, 2 * old * self.cfg.page_size))
         for new_t, old_t in [(self.k_pages, k), (self.v_pages, v), *zip(self.summaries, s)]:
             new_t.view(B, self.max_blocks, *new_t.shape[1:])[:, :old] = old_t.view(B, old, *old_t.shape[1:])
+        if sup is not None:
+            g_old, g_new = sup[0].shape[0] // B, self.supers[0].shape[0] // B
+            for new_t, old_t in zip(self.supers, sup):
+                new_t.view(B, g_new, *new_t.shape[1:])[:, :g_old] = old_t.view(B, g_old, *old_t.shape[1:])
 
     def summary_list(self) -> list:
         """The summaries as the ops take them: the storage tensors, then the query weights."""
@@ -328,11 +376,14 @@ class LocksLayer(CacheLayerMixin):
         w = min(self.cfg.obs_window, min(self.lens))
         if query is not None and w >= 1:  # rows are left-padded: the last w positions are real
             self.q_obs = query[:, :, query.shape[2] - w:].transpose(1, 2).contiguous()
-        if self.cfg.selector == "locks" and self.cfg.weighted_for(d) and query is not None:
+        summarised = self.cfg.selector in ("locks", "locks_h2")
+        if summarised and self.cfg.weighted_for(d) and query is not None:
             self._calibrate(query, H)
-        if full and self.cfg.selector == "locks":
+        if full and summarised:
             ops.summary_build(self.k_pages, torch.tensor(full, dtype=torch.int32, device=self.device),
                               self.summary_list())
+        if self.supers is not None:
+            self._build_supers()
         self._planned(num_q_heads, scaling)
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -348,8 +399,11 @@ class LocksLayer(CacheLayerMixin):
         self.v_pages.view(B, -1, H, d)[rows, pos] = v.to(self.dtype)
         self.seq_lens += 1
         self.lens = [n + 1 for n in self.lens]
-        if self.cfg.selector == "locks":  # the baselines read the keys, not summaries
+        if self.cfg.selector in ("locks", "locks_h2"):  # the baselines read the keys, not summaries
             ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summary_list())
+        if self.supers is not None:
+            two_level.super_update(self.k_pages, self.block_table, self.seq_lens, self.super_table,
+                                   self.supers)
 
     # -- decode attention ----------------------------------------------------------------
     def _planned(self, num_q_heads: int, scaling: float) -> DecodeWrapper:
@@ -364,6 +418,9 @@ class LocksLayer(CacheLayerMixin):
                       budget_tokens=budget, sink_pages=self.cfg.sink_pages,
                       recent_pages=self.cfg.recent_pages, scale=float(scaling), device=self.device,
                       tau=self.cfg.tau, floor_pages=self.cfg.floor_pages)
+        if self.supers is not None and self.cfg.budget is not None:
+            params.update(group_pages=self.cfg.group_pages, super_slots=self.supers[0].shape[0],
+                          super_rank=8, alpha=float(self.cfg.alpha))
         if params != self._plan_params:
             self._wrapper = self._plans.wrapper(self._slot, params)
             self._plan_params = params
@@ -414,6 +471,14 @@ class LocksLayer(CacheLayerMixin):
         if self.cfg.budget is None or sel == "fullkv":
             out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens,
                            out=out, dense=True)
+        elif sel == "locks_h2":
+            B, H = q.shape[0], self.k_pages.shape[2]
+            pages = torch.empty(B, H, w.capacity, dtype=torch.int32, device=q.device)
+            counts = torch.empty(B, H, dtype=torch.int32, device=q.device)
+            out, _ = w.run_two_level(q, self.k_pages, self.v_pages, self.summary_list(), self.supers,
+                                     self.super_table, self.block_table, self.seq_lens, out=out,
+                                     pages=pages, counts=counts)
+            self.last_counts = counts
         else:
             if sel == "locks":
                 pages, counts = w.select(q, self.summary_list(), self.block_table, self.seq_lens)
@@ -452,7 +517,7 @@ class LocksCache(Cache):
         cache.locks_config = cfg
         for layer in cache.layers:
             if isinstance(layer, LocksLayer):
-                layer.cfg = cfg
+                layer.use_config(cfg)
         return cache
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):

@@ -48,7 +48,9 @@ import math
 
 import torch
 
-SELECTORS = ("locks", "oracle", "quest", "shadowkv", "rocketkv", "fullkv")
+# "locks_h2": two-level LOCKS (super-page summaries first; the drop-in runs it through
+# locks.two_level's operator, not through select() below).
+SELECTORS = ("locks", "locks_h2", "oracle", "quest", "shadowkv", "rocketkv", "fullkv")
 
 
 def _gathered_keys(k_pages: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

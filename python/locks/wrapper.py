@@ -44,13 +44,16 @@ class DecodeWrapper:
              precision: str = "int4", kv_dtype: torch.dtype = torch.bfloat16,
              budget_tokens: int = 2048, sink_pages: int = 0, recent_pages: int = 0,
              scale: float | None = None, device=None, tau: float = 0.0,
-             floor_pages: int = 1, dense_below: int = 0) -> "DecodeWrapper":
+             floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0,
+             super_slots: int = 0, super_rank: int = 8, alpha: float = 40.0) -> "DecodeWrapper":
         """Validate the shape and choose the kernels (once per batch shape; runs on the host,
         may query the GPU; never inside a graph capture). ValueError / NotImplementedError
         for a shape that is wrong / unsupported, ValueError when the workspace is too small.
         tau > 0 turns on the adaptive budget (locks.ops.plan): the selection's counts vary
         per step and KV head, its capacity (the budget's) does not. dense_below: sequences
-        shorter than that many tokens attend every page (a minimum context, in-graph)."""
+        shorter than that many tokens attend every page (a minimum context, in-graph).
+        group_pages > 0: a two-level plan (run_two_level; locks.two_level): super summaries of
+        group_pages pages, super_slots of them stored, rank super_rank, alpha."""
         dev = self.workspace.device if device is None else _device(device)
         if _device(dev) != _device(self.workspace.device):
             raise ValueError(f"locks.DecodeWrapper.plan: device {dev} differs from the workspace's "
@@ -61,6 +64,9 @@ class DecodeWrapper:
                       budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
                       scale=scale, device=dev, tau=tau, floor_pages=floor_pages,
                       dense_below=dense_below)
+        if group_pages:
+            params.update(group_pages=group_pages, super_slots=super_slots, super_rank=super_rank,
+                          alpha=alpha)
         p = ops.plan(**params)
         need = ops.plan_workspace_bytes(p)
         if self.workspace.numel() < need:
@@ -146,6 +152,24 @@ class DecodeWrapper:
                                     validate=validate)
         return self.attend(q, k_cache, v_cache, block_table, seq_lens, pages=pages, counts=counts,
                            out=out, lse=lse, validate=validate)
+
+
+    def run_two_level(self, q, k_cache, v_cache, summaries, supers, super_table, block_table,
+                      seq_lens, *, out=None, lse=None, pages=None, counts=None):
+        """One two-level decode step under a two-level plan (group_pages > 0): level 1 over the
+        super summaries, the kept groups' page summaries, selection, exact attention (the
+        selection written to pages / counts when given). Returns (out, lse)."""
+        p = self._planned()
+        if not self.params.get("group_pages"):
+            raise ValueError("locks.DecodeWrapper.run_two_level: plan with group_pages > 0 first")
+        if out is None:
+            out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        if lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        torch.ops.locks.decode_two_level(self.workspace, p, q, k_cache, v_cache, list(summaries),
+                                         list(supers), super_table, block_table, seq_lens, out,
+                                         lse, pages, counts)
+        return out, lse
 
 
 def check_all_finite(**tensors: torch.Tensor) -> None:

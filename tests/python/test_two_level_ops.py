@@ -148,3 +148,23 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.locks.decode_two_level.default,
                           (ws, vec, q, k, v, list(s), list(sup), table, bt, sl, out, lse))
     assert math.isfinite(float(lse.sum()))
+
+
+def test_wrapper_run_two_level_equals_the_one_shot_op():
+    import locks
+
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    q = torch.randn(len(LENS), 3 * H, D)
+    w = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D,
+                                     num_blocks=k.shape[0], max_batch=2,
+                                     max_blocks_per_seq=bt.shape[1], kv_dtype=k.dtype,
+                                     budget_tokens=128, group_pages=S, super_slots=len(gs),
+                                     super_rank=R, alpha=2.0)
+    out, lse = w.run_two_level(q, k, v, s, sup, table, bt, sl)
+    ro, rl = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, budget_tokens=128, alpha=2.0)
+    assert torch.equal(out, ro) and torch.equal(lse, rl)
+    flat = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D,
+                                        num_blocks=k.shape[0], max_batch=2,
+                                        max_blocks_per_seq=bt.shape[1], kv_dtype=k.dtype)
+    with pytest.raises(ValueError, match="group_pages"):
+        flat.run_two_level(q, k, v, s, sup, table, bt, sl)
