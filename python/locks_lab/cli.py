@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         sp.add_argument("--budgets", default=budgets)
         sp.add_argument("--selectors", default="locks,oracle,quest",
-                        help="comma list of locks, oracle, quest, shadowkv, rocketkv, fullkv (suite: also "
+                        help="comma list of locks, locks_h2 (two-level), oracle, quest, shadowkv, rocketkv, fullkv (suite: also "
                              "locks-tau<T>, the adaptive budget, e.g. locks-tau0.95)")
 
     t = sub.add_parser("suite", help="the task suite: every task x length x selector x budget (locks_lab/suite.py)")
