@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "locks/super_summary.h"
+
 #if defined(__CUDACC__)
 #define LOCKS_HOST_DEVICE __host__ __device__
 #else
@@ -25,5 +27,12 @@ LOCKS_HOST_DEVICE inline int completed_group(int32_t len, int appended, int grou
   const int g = len / group_tokens - 1;
   return g < max_groups ? g : -1;
 }
+
+// The host checks of a super_build_filled call shared by both backends (throw
+// InvalidArgument naming `where`): appended in [1, S x P], a batch with arrays, a block-table
+// stride that holds its rows, a super table with a row wide enough for every complete group.
+// Returns that number of groups, max_blocks_per_seq / S. (Host only: super_layout.cpp.)
+int check_filled_args(const SuperLayout& l, const BatchView& batch, int appended,
+                      const SuperTableView& table, const char* where);
 
 }  // namespace locks::detail

@@ -5,6 +5,7 @@
 #include "locks/error.h"
 #include "locks/rules.h"
 #include "locks/super_summary.h"
+#include "super_group_edge.h"
 
 namespace locks {
 
@@ -173,4 +174,26 @@ StepBytes two_level_step_bytes(const SuperLayout& super, const SummaryLayout& pa
   return r;
 }
 
+namespace detail {
+
+int check_filled_args(const SuperLayout& l, const BatchView& batch, int appended,
+                      const SuperTableView& table, const char* where) {
+  validate_super_layout(l);
+  const int S = l.group_pages, P = l.page_size;
+  if (!(appended >= 1 && appended <= S * P))
+    fail(where, "appended must be in [1, S x page_size = ", S * P, "], got ", appended);
+  if (!(batch.batch_size >= 1 && batch.block_table && batch.seq_lens))
+    fail(where, "batch is empty or has null arrays");
+  if (!(batch.max_blocks_per_seq >= 1 && batch.block_table_stride >= batch.max_blocks_per_seq))
+    fail(where, "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
+         batch.max_blocks_per_seq);
+  if (table.table == nullptr) fail(where, "super table is null");
+  const int groups = batch.max_blocks_per_seq / S;  // complete groups at most
+  if (!(table.max_groups_per_seq >= groups && table.stride >= table.max_groups_per_seq))
+    fail(where, "super table: max_groups_per_seq ", table.max_groups_per_seq, " (stride ",
+         table.stride, ") must be >= ", groups, " and <= its stride");
+  return groups;
+}
+
+}  // namespace detail
 }  // namespace locks

@@ -212,19 +212,7 @@ void super_build_filled(const KvCacheView& cache, const BatchView& batch, int ap
   const SuperLayout& l = out.layout;
   validate_super_layout(l);
   const int S = l.group_pages, P = l.page_size;
-  LOCKS_REQUIRE(appended >= 1 && appended <= S * P,
-                "appended must be in [1, S x page_size = ", S * P, "], got ", appended);
-  LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
-                "batch is empty or has null arrays");
-  LOCKS_REQUIRE(
-      batch.max_blocks_per_seq >= 1 && batch.block_table_stride >= batch.max_blocks_per_seq,
-      "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
-      batch.max_blocks_per_seq);
-  LOCKS_REQUIRE(table.table != nullptr, "super table is null");
-  const int groups = batch.max_blocks_per_seq / S;  // complete groups at most
-  LOCKS_REQUIRE(table.max_groups_per_seq >= groups && table.stride >= table.max_groups_per_seq,
-                "super table: max_groups_per_seq ", table.max_groups_per_seq, " (stride ",
-                table.stride, ") must be >= ", groups, " and <= its stride");
+  const int groups = detail::check_filled_args(l, batch, appended, table, __func__);
   // The host sees every value, so (unlike the kernel, which skips them) bad lengths, slots and
   // block ids are errors; the groups to build are gathered first and built in one call, so a
   // refusal writes nothing.

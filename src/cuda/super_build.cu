@@ -194,6 +194,14 @@ __device__ __forceinline__ void cov_times(const float* A, const float* X, int j,
   }
 }
 
+// Row j of a d x 16 shared-memory matrix from a thread's registers.
+__device__ __forceinline__ void store_row(float* M, int j, const float (&r)[kM]) {
+#pragma unroll
+  for (int q = 0; q < kM / 4; ++q)
+    reinterpret_cast<float4*>(M + j * kM)[q] =
+        make_float4(r[4 * q], r[4 * q + 1], r[4 * q + 2], r[4 * q + 3]);
+}
+
 __device__ __forceinline__ int8_t code8(float x, float s) {
   if (s == 0.0f) return 0;
   return int8_t(max(-127, min(127, __float2int_rn(x / s))));
@@ -381,12 +389,7 @@ __global__ void __launch_bounds__(kThreads)
   orthonormalize(x, red);
   float prev = -1.0f;
   for (int it = 0; it < kMaxIters; ++it) {
-    if (own) {
-#pragma unroll
-      for (int q = 0; q < kM / 4; ++q)
-        reinterpret_cast<float4*>(X + j * kM)[q] =
-            make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
-    }
+    if (own) store_row(X, j, x);
     __syncthreads();
     float y[kM];
     if (own) {
@@ -408,21 +411,13 @@ __global__ void __launch_bounds__(kThreads)
   orthonormalize(x, red);  // once more: X orthonormal to fp32 precision for Rayleigh-Ritz
 
   // 4. Rayleigh-Ritz: T = X^T C X, its eigenvectors u_k, W_k = X u_k.
-  if (own) {
-#pragma unroll
-    for (int q = 0; q < kM / 4; ++q)
-      reinterpret_cast<float4*>(X + j * kM)[q] =
-          make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
-  }
+  if (own) store_row(X, j, x);
   __syncthreads();
   {
     float y[kM];
     if (own) {
       cov_times<kD>(A, X, j, y);
-#pragma unroll
-      for (int q = 0; q < kM / 4; ++q)
-        reinterpret_cast<float4*>(Y + j * kM)[q] =
-            make_float4(y[4 * q], y[4 * q + 1], y[4 * q + 2], y[4 * q + 3]);
+      store_row(Y, j, y);
     }
   }
   __syncthreads();
@@ -716,20 +711,7 @@ void super_build_filled(const KvCacheView& cache, const BatchView& batch, int ap
                         const SuperTableView& table, const SuperView& out, cudaStream_t stream) {
   check_build(cache, out, __func__);
   const SuperLayout& l = out.layout;
-  LOCKS_REQUIRE(appended >= 1 && appended <= l.group_pages * l.page_size,
-                "appended must be in [1, S x page_size = ", l.group_pages * l.page_size, "], got ",
-                appended);
-  LOCKS_REQUIRE(batch.batch_size >= 1 && batch.block_table && batch.seq_lens,
-                "batch is empty or has null arrays");
-  LOCKS_REQUIRE(
-      batch.max_blocks_per_seq >= 1 && batch.block_table_stride >= batch.max_blocks_per_seq,
-      "block_table_stride ", batch.block_table_stride, " < max_blocks_per_seq ",
-      batch.max_blocks_per_seq);
-  LOCKS_REQUIRE(table.table != nullptr, "super table is null");
-  const int groups = batch.max_blocks_per_seq / l.group_pages;  // complete groups at most
-  LOCKS_REQUIRE(table.max_groups_per_seq >= groups && table.stride >= table.max_groups_per_seq,
-                "super table: max_groups_per_seq ", table.max_groups_per_seq, " (stride ",
-                table.stride, ") must be >= ", groups, " and <= its stride");
+  const int groups = locks::detail::check_filled_args(l, batch, appended, table, __func__);
   Work w = base_work(cache, l);
   w.block_table = batch.block_table;
   w.bt_stride = batch.block_table_stride;

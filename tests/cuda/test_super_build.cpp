@@ -80,6 +80,18 @@ std::vector<float> make_group_keys(const Shape& s, int n_groups, Keys kind, uint
   return k;
 }
 
+SuperLayout layout_of(const Shape& s, int64_t slots) {
+  SuperLayout l;
+  l.num_slots = slots;
+  l.group_pages = s.S;
+  l.page_size = P;
+  l.num_kv_heads = s.H;
+  l.head_dim = s.d;
+  l.rank = s.R;
+  l.extent = s.extent;
+  return l;
+}
+
 struct Built {
   GpuCache gc;
   std::vector<int32_t> group_blocks, slots;
@@ -100,14 +112,7 @@ struct Built {
     }
     dblocks = DevBuf<int32_t>(group_blocks);
     dslots = DevBuf<int32_t>(slots);
-    SuperLayout l;
-    l.num_slots = n_groups;
-    l.group_pages = s.S;
-    l.page_size = P;
-    l.num_kv_heads = s.H;
-    l.head_dim = s.d;
-    l.rank = s.R;
-    l.extent = s.extent;
+    const SuperLayout l = layout_of(s, n_groups);
     cpu = std::make_unique<GpuSupers>(l);
     gpu = std::make_unique<GpuSupers>(l);
     cpu::super_build(gc.host.view(), group_blocks.data(), slots.data(), n_groups, cpu->host.view());
@@ -340,14 +345,7 @@ TEST(CudaSuperBuild, FilledBuildsCompletedGroupsInAGraph) {
   std::vector<int32_t> table(size_t(B) * MG);
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
   DevBuf<int32_t> dtable(table);
-  SuperLayout l;
-  l.num_slots = int64_t(B) * MG;
-  l.group_pages = s.S;
-  l.page_size = P;
-  l.num_kv_heads = s.H;
-  l.head_dim = s.d;
-  l.rank = s.R;
-  l.extent = s.extent;
+  const SuperLayout l = layout_of(s, int64_t(B) * MG);
   GpuSupers gpu(l), cpu(l);
   gpu.upload();
   gpu.mu_scale.poison(), gpu.basis_q.poison();
