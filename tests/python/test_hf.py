@@ -166,3 +166,18 @@ def test_two_level_config_errors():
         lhf.LocksConfig(selector="locks_h2", alpha=0.5).validate()
     with pytest.raises(TypeError, match="alpha"):
         lhf.LocksConfig(selector="locks_h2", alpha="4").validate()
+
+
+def test_two_level_storage_growth_keeps_the_supers(smol):
+    """A cache that must grow while decoding (reserve_tokens 0: re-allocated at the first page
+    boundary) generates exactly what one allocated large enough up front generates, at a budget
+    where level 1 chooses (S 4, alpha 4: 16 of 32 groups at b 256): the super summaries and
+    their table survive the copy."""
+    model, tok = smol
+    text = corpus.text("python")
+    ids = tok(text, return_tensors="pt").input_ids[:, :2040]
+    prompt = tok.decode(ids[0])
+    kw = dict(max_new_tokens=24, budget=256, selector="locks_h2", group_pages=4, alpha=4.0)
+    grown = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=0, **kw)
+    roomy = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=512, **kw)
+    assert grown.locks_text == roomy.locks_text
