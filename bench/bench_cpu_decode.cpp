@@ -9,6 +9,10 @@
 // time (locks_cpu_ms, dense_cpu_ms, cpu_time_ratio); bytes read per step
 // (K/V at bf16 as stored; summaries as stored), bytes_ratio = dense / LOCKS.
 // BM_StepStages splits the LOCKS step into its four stages (32K only).
+// BM_TwoLevelStep: the two-level step (cpu::decode_two_level: super summaries first, page
+// summaries of the kept groups only; S 32, R 8, alpha 40) beside the flat step and dense, one
+// plan, at 256K tokens, b 512, int4 summaries; its counters as BM_DecodeStep's plus flat_ms and
+// the byte model's ratios (two_level_step_bytes).
 // Data: i.i.d. Gaussian K, V, q (the step's cost does not depend on the values).
 #include <benchmark/benchmark.h>
 #include <time.h>
@@ -21,11 +25,13 @@
 #include <vector>
 
 #include "locks/attention.h"
+#include "locks/contract.h"
 #include "locks/decoder.h"
 #include "locks/kv_cache.h"
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
+#include "locks/super_summary.h"
 
 namespace {
 
@@ -214,12 +220,97 @@ BENCHMARK(BM_DecodeStep)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// The two-level step against the flat one and dense on the same cache (one plan: the flat and
+// dense ops run from a two-level plan too), super summaries of every complete group.
+void BM_TwoLevelStep(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int budget = int(state.range(1));
+  Setup& s = setup_for(tokens);
+  const locks::CacheLayout& l = s.cache->layout();
+  const int M = s.batch.view.max_blocks_per_seq, S = 32;
+  static std::unique_ptr<locks::SuperStore> supers;  // built once per cache
+  static int64_t supers_for = 0;
+  const int groups = M / S;
+  std::vector<int32_t> table(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) table[size_t(g)] = g;
+  locks::SuperLayout U;
+  U.num_slots = groups;
+  U.group_pages = S;
+  U.page_size = kPageSize;
+  U.num_kv_heads = kKvHeads;
+  U.head_dim = kHeadDim;
+  U.rank = 8;
+  if (!supers || supers_for != tokens) {
+    std::fprintf(stderr, "building super summaries for %lld tokens...\n", (long long)tokens);
+    supers = std::make_unique<locks::SuperStore>(U);
+    const std::vector<int32_t>& blocks = s.cache->blocks(0);
+    std::vector<int32_t> gb(blocks.begin(), blocks.begin() + int64_t(groups) * S);
+    locks::cpu::super_build(s.cache->view(), gb.data(), table.data(), groups, supers->view());
+    supers_for = tokens;
+  }
+  locks::DecodeParams p;
+  p.cache = l;
+  p.summary = s.quant->layout();
+  p.num_q_heads = kQHeads;
+  p.max_batch = 1;
+  p.max_blocks_per_seq = M;
+  p.select.budget_tokens = budget;
+  p.two_level = true;
+  p.super = U;
+  const locks::DecodePlan plan = locks::cpu::plan_decode(p);
+  std::vector<std::byte> wsb(plan.workspace_bytes + 256);
+  void* base = wsb.data();
+  size_t room = wsb.size();
+  void* aligned = std::align(256, plan.workspace_bytes, base, room);
+  const locks::Workspace ws{aligned, plan.workspace_bytes};
+  const locks::SuperTableView tv{table.data(), groups, groups};
+  const locks::QueryView qv{s.q.data(), kQHeads};
+  std::vector<float> out(kQHeads * kHeadDim);
+  const locks::AttentionOutput ao{out.data(), nullptr};
+  double two_s = 0, flat_s = 0, dense_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    locks::cpu::decode_two_level(plan, ws, s.cache->view(), s.quant->view(), supers->view(), tv,
+                                 s.batch.view, qv, ao, nullptr);
+    const auto t1 = clock::now();
+    locks::cpu::decode(plan, ws, s.cache->view(), s.quant->view(), s.batch.view, qv, ao, nullptr);
+    const auto t2 = clock::now();
+    locks::cpu::decode_attention_dense(plan, ws, s.cache->view(), s.batch.view, qv, ao);
+    const auto t3 = clock::now();
+    benchmark::DoNotOptimize(out.data());
+    const double a = std::chrono::duration<double>(t1 - t0).count();
+    two_s += a;
+    flat_s += std::chrono::duration<double>(t2 - t1).count();
+    dense_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(a);
+  }
+  const double n = double(state.iterations());
+  const locks::StepBytes b =
+      locks::two_level_step_bytes(U, s.quant->layout(), p.two, p.select, tokens);
+  state.counters["two_ms"] = 1e3 * two_s / n;
+  state.counters["flat_ms"] = 1e3 * flat_s / n;
+  state.counters["dense_ms"] = 1e3 * dense_s / n;
+  state.counters["dense_over_two"] = dense_s / two_s;
+  state.counters["dense_over_flat"] = dense_s / flat_s;
+  state.counters["bytes_dense_over_two"] = b.dense / b.total();
+  state.counters["bytes_dense_over_flat"] = b.dense / b.flat;
+  state.SetLabel("int4 summaries, S 32, alpha 40");
+}
+
 }  // namespace
 
 BENCHMARK(BM_StepStages)
     ->Args({32768, 1})
     ->Args({32768, 0})
     ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Args: {tokens, budget}.
+BENCHMARK(BM_TwoLevelStep)
+    ->Args({262144, 512})
+    ->Iterations(5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
