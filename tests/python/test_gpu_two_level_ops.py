@@ -35,37 +35,37 @@ def setup(device, lens=(16 * S * 24 + 9, 16 * S * 20, 300), H=2, Hq=8, d=128):
     return k, v, bt, sl, q, s, sup, table, gb, gs
 
 
-def estimates(sup, q_head, slot, h, scale):
-    """float64 extent estimate of every page of (slot, h) (super_summary.h, gamma 0)."""
-    def deq(t, sc):
-        return t.double().cpu() * sc.double().cpu()
+def basis(sup, slot, h):
     d = sup.mu_q.shape[2]
-    mu = deq(sup.mu_q[slot, h], sup.mu_scale[slot, h])
     codes = sup.basis_q[slot, h].cpu().to(torch.int16)
     W = torch.stack([((codes & 0xF) ^ 8) - 8, ((codes >> 4) ^ 8) - 8], -1).reshape(R, d).double()
-    W = W * sup.basis_scale[slot, h, :, None].double().cpu()
-    lo = deq(sup.lo_q[slot, h], sup.extent_scale[slot, h])
-    hi = deq(sup.hi_q[slot, h], sup.extent_scale[slot, h])
-    w = W @ q_head.double()
-    box = torch.maximum(w * hi, w * lo).sum(-1)
-    return math.log(P) + scale * (float(q_head.double() @ mu) + box)
+    return W * sup.basis_scale[slot, h, :, None].double().cpu()
+
+
+def captured(keys, W):
+    """Variance of the keys captured by the span of W's rows (float64)."""
+    D = keys - keys.mean(0)
+    C = D.T @ D / keys.shape[0]
+    Q, _ = torch.linalg.qr(W.T)
+    return float(torch.trace(Q.T @ C @ Q))
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="CUDA operators")
-def test_super_build_matches_the_cpu_estimates():
+def test_super_build_matches_the_cpu_build():
+    """The CUDA build against the CPU one on the same keys: centroids within 1.5 code steps;
+    the basis captures as much of the group's variance (within 3%: these keys' group spectra
+    have near-ties, where the two builds may pick different but equally good directions)."""
     k, v, bt, sl, q, s, sup, table, gb, gs = setup("cuda")
     cpu = two_level.new_supers(len(gs), 2, 128, S, R)
     two_level.super_build(k, gb, gs, cpu)
-    scale = 1 / math.sqrt(128)
     for slot in (0, 7, len(gs) - 1):
         for h in range(2):
-            for qi in range(4):
-                qh = q[0, qi]
-                eg = estimates(sup, qh, slot, h, scale)
-                ec = estimates(cpu, qh, slot, h, scale)
-                # Both builds are within 1.5 code steps of each other (tests/cuda/
-                # test_super_build.cpp) where the spectrum has gaps; these keys have them.
-                assert torch.allclose(eg, ec, atol=0.05 * (1 + float(ec.abs().max())))
+            step = 1.5 * max(float(sup.mu_scale[slot, h]), float(cpu.mu_scale[slot, h]))
+            mg = sup.mu_q[slot, h].double().cpu() * float(sup.mu_scale[slot, h])
+            mc = cpu.mu_q[slot, h].double() * float(cpu.mu_scale[slot, h])
+            assert (mg - mc).abs().max() <= step + 1e-7
+            keys = k[gb[slot].long(), :, h].reshape(-1, 128).double()
+            assert captured(keys, basis(sup, slot, h)) >= 0.97 * captured(keys, basis(cpu, slot, h))
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="CUDA operators")
