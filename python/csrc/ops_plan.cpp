@@ -74,9 +74,7 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
     p.super.head_dim = p.cache.head_dim;
     p.super.rank = to_int(super_rank, "super_rank", 1);
     p.super.extent = true;
-    TORCH_CHECK_VALUE(std::isfinite(alpha) && alpha >= 1, "alpha = ", alpha,
-                      " must be finite and >= 1");
-    p.two.alpha = alpha;
+    p.two.alpha = alpha;  // validated by plan_decode (validate_two_level)
   }
   const int r = to_int(rank, "rank", 1);
   const locks::Precision prec = to_precision(precision);

@@ -420,7 +420,7 @@ class LocksLayer(CacheLayerMixin):
                       tau=self.cfg.tau, floor_pages=self.cfg.floor_pages)
         if self.supers is not None and self.cfg.budget is not None:
             params.update(group_pages=self.cfg.group_pages, super_slots=self.supers[0].shape[0],
-                          super_rank=8, alpha=float(self.cfg.alpha))
+                          super_rank=self.supers.basis_q.shape[2], alpha=float(self.cfg.alpha))
         if params != self._plan_params:
             self._wrapper = self._plans.wrapper(self._slot, params)
             self._plan_params = params

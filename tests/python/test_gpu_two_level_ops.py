@@ -9,6 +9,7 @@ import torch
 from locks import ops, two_level
 
 from gpu_util import DEV, assert_attention_close, paged, ref_attention
+from test_two_level_ops import basis, complete_groups
 
 pytestmark = pytest.mark.gpu
 P, S, R = 16, 8, 8
@@ -20,26 +21,10 @@ def setup(device, lens=(16 * S * 24 + 9, 16 * S * 20, 300), H=2, Hq=8, d=128):
     s = ops.new_summaries(nb, H, d, P, 8, precision="int4", device=device)
     kd = k.to(device)
     ops.summary_build(kd, torch.arange(nb, dtype=torch.int32, device=device), s)
-    max_groups = -(-bt.shape[1] // S)
-    table = torch.zeros(len(lens), max_groups, dtype=torch.int32)
-    blocks, slots = [], []
-    for b, n in enumerate(lens):
-        for j in range(n // P // S):
-            table[b, j] = len(slots)
-            slots.append(len(slots))
-            blocks.append(bt[b, j * S:(j + 1) * S])
-    gb = torch.stack(blocks).contiguous()
-    gs = torch.tensor(slots, dtype=torch.int32)
-    sup = two_level.new_supers(len(slots), H, d, S, R, device=device)
+    table, gb, gs = complete_groups(bt, lens, S)
+    sup = two_level.new_supers(len(gs), H, d, S, R, device=device)
     two_level.super_build(kd, gb.to(device), gs.to(device), sup)
     return k, v, bt, sl, q, s, sup, table, gb, gs
-
-
-def basis(sup, slot, h):
-    d = sup.mu_q.shape[2]
-    codes = sup.basis_q[slot, h].cpu().to(torch.int16)
-    W = torch.stack([((codes & 0xF) ^ 8) - 8, ((codes >> 4) ^ 8) - 8], -1).reshape(R, d).double()
-    return W * sup.basis_scale[slot, h, :, None].double().cpu()
 
 
 def captured(keys, W):

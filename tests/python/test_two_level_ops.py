@@ -21,19 +21,31 @@ def setup(lens=LENS, seed=0):
     bt, sl = batch(nb, lens, mb)
     s = ops.new_summaries(nb, H, D, P, 8, precision="int4")
     ops.summary_build(k, torch.arange(nb, dtype=torch.int32), s)
-    max_groups = -(-mb // S)
-    table = torch.zeros(len(lens), max_groups, dtype=torch.int32)
-    blocks, slots = [], []
-    for b, n in enumerate(lens):
-        for j in range(n // P // S):
-            table[b, j] = len(slots)
-            slots.append(len(slots))
-            blocks.append(bt[b, j * S:(j + 1) * S])
-    sup = two_level.new_supers(len(slots), H, D, S, R)
-    gb = torch.stack(blocks).contiguous()
-    gs = torch.tensor(slots, dtype=torch.int32)
+    table, gb, gs = complete_groups(bt, lens, S)
+    sup = two_level.new_supers(len(gs), H, D, S, R)
     two_level.super_build(k, gb, gs, sup)
     return k, v, bt, sl, s, sup, table, gb, gs
+
+
+def complete_groups(bt, lens, group_pages):
+    """Every complete group of every sequence in slots 0, 1, ...: the super table [B, groups]
+    (0 where no group), the groups' blocks [n, S] and their slots [n] (CPU int32 tensors)."""
+    table = torch.zeros(len(lens), -(-bt.shape[1] // group_pages), dtype=torch.int32)
+    blocks, slots = [], []
+    for b, n in enumerate(lens):
+        for j in range(n // P // group_pages):
+            table[b, j] = len(slots)
+            slots.append(len(slots))
+            blocks.append(bt[b, j * group_pages:(j + 1) * group_pages])
+    return table, torch.stack(blocks).contiguous(), torch.tensor(slots, dtype=torch.int32)
+
+
+def basis(sup, slot, h):
+    """The dequantized int4 basis rows [R, d] of (slot, h), float64 on the CPU."""
+    codes = sup.basis_q[slot, h].cpu().to(torch.int16)
+    lo, hi = ((codes & 0xF) ^ 8) - 8, ((codes >> 4) ^ 8) - 8
+    W = torch.stack([lo, hi], -1).reshape(codes.shape[0], -1).double()
+    return W * sup.basis_scale[slot, h, :, None].double().cpu()
 
 
 def group_keys(k, blocks, h):
@@ -49,11 +61,7 @@ def test_super_build_centroid_and_basis():
             mu = sup.mu_q[slot, h].double() * float(sup.mu_scale[slot, h])
             assert torch.allclose(mu, mean, atol=0.5 * float(sup.mu_scale[slot, h]) + 1e-6)
             # The int4 basis rows span (nearly) the top-R principal subspace.
-            codes = sup.basis_q[slot, h].to(torch.int16)
-            lo = ((codes & 0xF) ^ 8) - 8
-            hi = ((codes >> 4) ^ 8) - 8
-            W = torch.stack([lo, hi], -1).reshape(R, D).double() * sup.basis_scale[slot, h, :, None].double()
-            Q, _ = torch.linalg.qr(W.T)
+            Q, _ = torch.linalg.qr(basis(sup, slot, h).T)
             C = (keys - mean).T @ (keys - mean) / keys.shape[0]
             best = torch.linalg.eigvalsh(C)[-R:].sum()
             assert float(torch.trace(Q.T @ C @ Q)) >= 0.9 * float(best)
