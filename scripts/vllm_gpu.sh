@@ -2,7 +2,7 @@
 # GPU checks of the vLLM plugin on the H200 (docs/vllm.md). Run after the vLLM bundle is
 # unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
 # the repository root; every phase fits one device call (< 10 min):
-#   scripts/vllm_gpu.sh [build] [smoke] [correct] [latency-glm] [latency-llama] [latency-quick]
+#   scripts/vllm_gpu.sh [build] [smoke] [correct] [correct-h2] [latency-glm] [latency-llama] [latency-quick]
 #                       [profile-llama] [profile-glm] [peer] [peer-quick] [env]
 # build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
 #          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
@@ -13,10 +13,15 @@
 #          at a tie of FLASH_ATTN's top two tokens; TRITON_ATTN vs FLASH_ATTN as the noise
 #          floor), ragged batch of 8, prefix caching on/off, graphs and eager, V1 and V2;
 #          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines.
+# correct-h2: two-level LOCKS (group_pages 4) on SmolLM2-135M, V2 runner, graphs with prefix
+#          caching and graphs with chunked prefill: budget >= context token-identical to
+#          FLASH_ATTN (the super builds of prefill chunks, mixed and captured decode steps run);
+#          passkeys 4K-8K at budget 512 with level 1 engaged; 6 engines.
 # latency-glm:   GLM-4-9B-Chat-1M dummy weights at 128K, 256K, 1M, batch 1 (+ 128K batch 4).
 # latency-llama: Llama-3.1-8B dummy weights at 128K and 256K, batch 1 and 4 (batch 8 at 128K
 #                needs 137 GB of KV: does not fit one H200).
-# (latency phases: LOCKS_VLLM_RUNNER=0 runs them on the V1 model runner.)
+# (latency phases: LOCKS_VLLM_RUNNER=0 runs them on the V1 model runner;
+#  LOCKS_VLLM_BACKENDS="FLASH_ATTN,CUSTOM,CUSTOM_H2" adds two-level LOCKS, group_pages 32.)
 # profile-llama / profile-glm: nsys over one latency row per backend (LOCKS_VLLM_ROWS, default
 #          Llama 128K b1 / GLM 1M b1), per-kernel sums as CSV and the top 30 printed: where the
 #          model-level step spends what the one-layer bench does not show (~5 min);
@@ -71,10 +76,13 @@ for p in "${phases[@]}"; do
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
         $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
+    correct-h2) run correct-h2 580 python3 -m locks.vllm.check correct-h2 --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
     latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
+        ${LOCKS_VLLM_BACKENDS:+--backends $LOCKS_VLLM_BACKENDS} \
         ${LOCKS_GLM_KV_GROUPS:+--glm-kv-groups $LOCKS_GLM_KV_GROUPS} \
         --rows "${LOCKS_VLLM_ROWS:-glm 131072 1;glm 262144 1;glm 1048576 1;glm 131072 4}" ;;
     latency-llama) run latency-llama 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
+        ${LOCKS_VLLM_BACKENDS:+--backends $LOCKS_VLLM_BACKENDS} \
         --rows "${LOCKS_VLLM_ROWS:-llama 131072 1;llama 262144 1;llama 131072 4;llama 262144 2}" ;;
     profile-llama | profile-glm)
       # Where a decode step's time goes inside the model: nsys over one latency row (graph

@@ -12,6 +12,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata, FlashA
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from .engine_config import BLOCK_SIZE, settings_from
+from .settings import two_level_plan
 from .library import ops
 
 
@@ -30,6 +31,14 @@ class LocksMetadata:
     block_table: torch.Tensor             # int32 persistent [max_batch, max_blocks]
     seq_lens: torch.Tensor                # int32 persistent [max_batch]; 1 in padded rows
     bufs: "DecodeBuffers"
+    # Two-level LOCKS (group_pages > 0), else None. super_table: int32 persistent [max_batch,
+    # max_groups], group j's slot = its last block, block_table[:, j * S + S - 1].
+    # super_jobs: on steps that are not pure decode, the groups the step's tokens completed
+    # (group_blocks [n, S], slots [n]; on CUDA slot -1 marks a candidate that completed
+    # nothing, which the build skips; on the CPU those are dropped); None on pure decode steps
+    # (the impl's super_update finds the group each row's one token completed, graph-safe).
+    super_table: torch.Tensor | None = None
+    super_jobs: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -52,7 +61,7 @@ class DecodeBuffers:
     directly: no staging copies."""
 
     def __init__(self, *, max_batch, num_q_heads, num_kv_heads, head_dim, max_blocks, max_tokens,
-                 capacity, workspace_bytes, device):
+                 capacity, workspace_bytes, device, group_pages=0):
         f32, i32 = torch.float32, torch.int32
         self.max_batch = max_batch
         self.lse = torch.zeros(max_batch, num_q_heads, dtype=f32, device=device)
@@ -62,6 +71,35 @@ class DecodeBuffers:
         self.block_table = torch.zeros(max_batch, max_blocks, dtype=i32, device=device)
         self.seq_lens = torch.ones(max_batch, dtype=i32, device=device)
         self.workspace = torch.zeros(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
+        self.super_table = (torch.zeros(max_batch, max(max_blocks // group_pages, 1), dtype=i32, device=device)
+                            if group_pages else None)
+
+
+def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                     group_pages: int, page_size: int, max_query_len: int):
+    """The groups of S pages each request's tokens of this step completed, on the device and
+    without a host sync: (group_blocks [n, S] int32, slots [n] int32), slot = the group's last
+    block. A request whose q tokens end at length L completes the groups j with
+    (L - q) // (S P) <= j < L // (S P): at most q // (S P) + 1 of them, so every request gets
+    that many candidates (max_query_len's count) and the ones past its range get slot -1 (the
+    CUDA build skips them; on the CPU, where a mask costs no sync, they are dropped)."""
+    S, GT = group_pages, group_pages * page_size
+    n = seq_lens.shape[0]
+    K = max_query_len // GT + 1
+    dev = seq_lens.device
+    seq = seq_lens.to(torch.int64)
+    q = (query_start_loc[1: n + 1] - query_start_loc[:n]).to(torch.int64)
+    first = (seq - q).clamp(min=0) // GT
+    cand = first[:, None] + torch.arange(K, device=dev)[None, :]              # [n, K]
+    valid = cand < (seq // GT)[:, None]
+    cols = cand[:, :, None] * S + torch.arange(S, device=dev)[None, None, :]  # [n, K, S]
+    cols = cols.clamp(max=block_table.shape[1] - 1)  # candidates past the range: any column
+    blocks = block_table.gather(1, cols.view(n, K * S)).view(n * K, S).to(torch.int32)
+    slots = torch.where(valid.view(-1), blocks[:, S - 1], torch.full_like(blocks[:, S - 1], -1))
+    if dev.type == "cpu":
+        keep = valid.view(-1)
+        return blocks[keep].contiguous(), slots[keep].contiguous()
+    return blocks, slots
 
 
 class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
@@ -103,11 +141,13 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                     num_blocks=self._num_blocks(), max_batch=mb,
                     max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
                     recent_pages=s.recent_pages, dense_below=s.effective_min_context,
-                    device=self.device) for mb in batch_buckets(self.max_batch))
+                    device=self.device, **two_level_plan(s, self._num_blocks()))
+                    for mb in batch_buckets(self.max_batch))
             self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                                       max_blocks=self.max_blocks, max_tokens=self.max_tokens,
-                                      capacity=cap, workspace_bytes=ws, device=self.device)
+                                      capacity=cap, workspace_bytes=ws, device=self.device,
+                                      group_pages=s.group_pages)
             # Plan every layer's wrapper here, outside any graph capture (plan is host work
             # that may query the device; run() inside the graph then only launches kernels).
             sfc = self.vllm_config.compilation_config.static_forward_context
@@ -153,6 +193,15 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         # cheaper there; a decode row shorter than min_context is exact through dense_below).
         mixed = (not pure and 0 < num_decodes <= b.max_batch
                  and cm.max_seq_len >= self.settings.effective_min_context)
+        jobs = None
+        if b.super_table is not None:
+            S = self.settings.group_pages
+            g = min(w // S, b.super_table.shape[1])
+            b.super_table[:n_reqs, :g].copy_(bt[:, S - 1: g * S: S], non_blocking=True)
+            if not pure:
+                jobs = completed_groups(cm.query_start_loc[: n_reqs + 1], cm.seq_lens[:n_reqs], bt,
+                                        S, BLOCK_SIZE, cm.max_query_len)
         return LocksMetadata(fa=fa, pure_decode=pure, num_decodes=num_decodes, mixed_decodes=mixed,
                              dense=dense, num_reqs=n_reqs, slot_mapping=b.slot_mapping,
-                             block_table=b.block_table, seq_lens=b.seq_lens, bufs=b)
+                             block_table=b.block_table, seq_lens=b.seq_lens, bufs=b,
+                             super_table=b.super_table, super_jobs=jobs)

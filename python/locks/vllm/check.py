@@ -474,6 +474,72 @@ def correct(args) -> int:
     return 0 if ok else 1
 
 
+def correct_h2(args) -> int:
+    """Two-level LOCKS (group_pages > 0) in the engine, SmolLM2-135M: per configuration, (a) a
+    budget above every context with groups of 4 pages (64 tokens: the ragged prompts complete
+    up to 31 groups, built in prefill chunks, mixed steps and graph-captured decode steps; the
+    step falls back to every page) token-identical to FLASH_ATTN like dense LOCKS; (b) passkeys
+    at budget 512 with level 1 engaged (S 4, alpha 2: 16 of 62-123 groups kept, plus the
+    forced ones) found as FLASH_ATTN finds them."""
+    from transformers import AutoTokenizer
+
+    folder = smollm2_folder()
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok(open(__file__).read() * 8, add_special_tokens=False).input_ids
+    lens = [37, 100, 250, 513, 777, 1024, 1500, 2047]
+    ragged = [ids[i * 97: i * 97 + n] for i, n in enumerate(lens)]
+    pk_tasks = [passkey_prompt(tok, n, depth=d, seed=s) for n, d, s in
+                [(4000, 0.3, 1), (6000, 0.5, 2), (7900, 0.7, 3)]]
+    passkeys = [t[0] for t in pk_tasks]
+    base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
+                gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
+    report, ok = {"configs": {}}, True
+    for name in args.configs.split(","):
+        v2, graphs, pc = CORRECT_CONFIGS[name]
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
+        kw = dict(base, enable_prefix_caching=pc, graphs=graphs)
+        if name in CORRECT_CHUNK:
+            kw["max_num_batched_tokens"] = CORRECT_CHUNK[name]
+        runs = [{"name": "ragged", "prompts": ragged, "max_tokens": 32, "logprobs": 5}]
+        pk = [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}]
+        fa = run_engine(f"h2-{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs + pk, env, args.out)
+        dense_cfg = {"budget": 16384, "group_pages": 4}
+        sparse_cfg = {"budget": 512, "group_pages": 4, "alpha": 2.0}
+        lk = run_engine(f"h2-{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
+                        additional_config={"locks": dense_cfg}), runs, env, args.out)
+        lk5 = run_engine(f"h2-{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
+                         additional_config={"locks": sparse_cfg}), pk, env, args.out)
+        entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "dense_settings": dense_cfg,
+                 "sparse_settings": sparse_cfg, "max_num_batched_tokens": kw.get("max_num_batched_tokens")}
+        if fa is None or lk is None or lk5 is None:
+            entry["error"] = "engine failed (see logs)"
+            ok = False
+        else:
+            cmp = compare_greedy(fa["runs"][0], lk["runs"][0])
+            entry["ragged_vs_flash_attn"] = cmp
+            fa_found = [t[1] in tok.decode(c) for t, c in zip(pk_tasks, fa["runs"][1]["tokens"])]
+            lk_found = [t[1] in tok.decode(c) for t, c in zip(pk_tasks, lk5["runs"][0]["tokens"])]
+            entry["passkey_b512"] = {"prompt_tokens": [len(p) for p in passkeys],
+                                     "flash_attn_found": fa_found, "locks_h2_found": lk_found}
+            ok &= (cmp["identical"] == cmp["of"] or cmp["all_divergences_are_ties"]) and fa_found == lk_found
+        report["configs"][name] = entry
+        print(json.dumps({name: entry}, indent=1), flush=True)
+    report["pass"] = bool(ok)
+    json.dump(report, open(os.path.join(args.out, "vllm_correct_h2.json"), "w"), indent=1)
+    print("VLLM CORRECT-H2", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def backend_settings(be: str, budget: int, group_pages: int) -> tuple[str, dict]:
+    """A latency run's backend name -> (vLLM attention backend, its extra engine arguments):
+    CUSTOM is flat LOCKS at the budget, CUSTOM_H2 two-level LOCKS (group_pages pages a group)."""
+    if be == "CUSTOM":
+        return "CUSTOM", {"additional_config": {"locks": {"budget": budget}}}
+    if be == "CUSTOM_H2":
+        return "CUSTOM", {"additional_config": {"locks": {"budget": budget, "group_pages": group_pages}}}
+    return be, {}
+
+
 # -- model-level latency --------------------------------------------------------------------------
 def bytes_per_step(model, ctx, batch, budget, locks: bool):
     L, H, d, params = SHAPES[model]
@@ -524,10 +590,10 @@ def latency(args) -> int:
         capture = sorted({1, 2, 4, 8} & set(range(1, maxb + 1)) | {maxb})
         res = {}
         for be in args.backends.split(","):
-            extra = {"additional_config": {"locks": {"budget": args.budget}}} if be == "CUSTOM" else {}
+            name, extra = backend_settings(be, args.budget, args.group_pages)
             if be == "FLASH_ATTN":
                 extra["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": args.fa_splits}
-            res[be] = run_engine(f"lat-{model}-{be.lower()}", dict(kw, attention_backend=be, **extra),
+            res[be] = run_engine(f"lat-{model}-{be.lower()}", dict(kw, attention_backend=name, **extra),
                                  runs, env, args.out, timeout=args.timeout, capture=capture,
                                  profile_run=":long2" if args.kernel_profile else None)
         for c, b in cb:
@@ -540,21 +606,28 @@ def latency(args) -> int:
                            "prefill_s": t["warm"]}
             if "FLASH_ATTN" in row and "CUSTOM" in row:
                 row["speedup"] = row["FLASH_ATTN"]["tpot_ms"] / row["CUSTOM"]["tpot_ms"]
+            if "FLASH_ATTN" in row and "CUSTOM_H2" in row:
+                row["speedup_h2"] = row["FLASH_ATTN"]["tpot_ms"] / row["CUSTOM_H2"]["tpot_ms"]
             row["bytes_dense"] = bytes_per_step(model, c, b, args.budget, False)
             row["bytes_locks"] = bytes_per_step(model, c, b, args.budget, True)
             row["bytes_ratio"] = row["bytes_dense"] / row["bytes_locks"]
             table.append(row)
-    print(f"\n{'model':6} {'ctx':>8} {'B':>2} {'FA ms/tok':>10} {'LOCKS ms/tok':>12} {'speedup':>8} {'byte ratio':>10}")
+    print(f"\n{'model':6} {'ctx':>8} {'B':>2} {'FA ms/tok':>10} {'LOCKS ms/tok':>12} {'speedup':>8} "
+          f"{'byte ratio':>10} {'H2 ms/tok':>10} {'H2 speedup':>10}")
+    nan = float("nan")
     for r in table:
-        fa = r.get("FLASH_ATTN", {}).get("tpot_ms", float("nan"))
-        lk = r.get("CUSTOM", {}).get("tpot_ms", float("nan"))
+        fa = r.get("FLASH_ATTN", {}).get("tpot_ms", nan)
+        lk = r.get("CUSTOM", {}).get("tpot_ms", nan)
+        h2 = r.get("CUSTOM_H2", {}).get("tpot_ms", nan)
         print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} {fa:>10.3f} {lk:>12.3f} "
-              f"{r.get('speedup', float('nan')):>8.2f} {r['bytes_ratio']:>10.2f}")
-    meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget, "runner_v2": args.runner,
+              f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} {r.get('speedup_h2', nan):>10.2f}")
+    meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget,
+            "group_pages_h2": args.group_pages, "runner_v2": args.runner,
             "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
             "prefix_caching": True, "rows": table}
     json.dump(meta, open(os.path.join(args.out, "vllm_latency.json"), "w"), indent=1)
-    return 0 if all("speedup" in r for r in table) else 1
+    want = [k for k, be in (("speedup", "CUSTOM"), ("speedup_h2", "CUSTOM_H2")) if be in args.backends.split(",")]
+    return 0 if all(k in r for r in table for k in want) else 1
 
 
 def judge(args) -> int:
@@ -607,6 +680,9 @@ def main(argv=None) -> int:
     c.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
     c.add_argument("--no-passkey", dest="passkey", action="store_false",
                    help="skip the budget-512 passkey engines")
+    c2 = sub.add_parser("correct-h2")
+    c2.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    c2.add_argument("--configs", default="v2-graph-pc,v2-graph-chunked")
     jd = sub.add_parser("judge")
     jd.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     jd.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
@@ -615,6 +691,7 @@ def main(argv=None) -> int:
     lt.add_argument("--rows", default="glm 131072 1;glm 262144 1;glm 1048576 1")
     lt.add_argument("--backends", default="FLASH_ATTN,CUSTOM")
     lt.add_argument("--budget", type=int, default=2048)
+    lt.add_argument("--group-pages", type=int, default=32, help="S of the CUSTOM_H2 (two-level) runs")
     lt.add_argument("--mem", type=float, default=0.92)
     lt.add_argument("--chunk", type=int, default=32768)
     lt.add_argument("--fa-splits", type=int, default=32)
@@ -628,7 +705,8 @@ def main(argv=None) -> int:
                          "(its time then carries the profiler's cost; use the other runs' times)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    return {"smoke": smoke, "correct": correct, "latency": latency, "judge": judge}[a.cmd](a)
+    return {"smoke": smoke, "correct": correct, "correct-h2": correct_h2, "latency": latency,
+            "judge": judge}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl, FlashAtten
 from .builder import DecodeBuffers, LocksMetadata, batch_buckets
 from .engine_config import BLOCK_SIZE, _dtype_name, refuse_config, settings_from
 from .library import ops, skip_prefill
+from .settings import SUPER_RANK, two_level_plan
 from .side_cache import LocksSummaryCache, SummaryGeometry, side_layer_name
 
 try:  # FlashAttention (CUDA builds of vLLM); CPU tests replace it
@@ -111,13 +112,17 @@ class LocksAttentionImpl(FlashAttentionImpl):
                                       f"{head_size}, GQA group {group} = {num_heads}/{num_kv_heads} heads, "
                                       f"{dtype}, rank {s.rank}, {s.precision}) is not supported: {reason}. "
                                       "Use --attention-backend FLASH_ATTN")
+        if s.group_pages and not hasattr(ops(), "two_level"):
+            raise NotImplementedError("LOCKS attention backend: group_pages > 0 (two-level LOCKS) needs the "
+                                      "compiled locks operators (locks.two_level)")
         self.model_dtype = dtype
         prefix = layer_name or _attention_prefix()
         if prefix is None:
             raise RuntimeError("LOCKS attention backend: could not find the attention layer's name")
         self.layer_prefix = prefix
         self.geom = SummaryGeometry(num_kv_heads=num_kv_heads, head_dim=head_size, page_size=BLOCK_SIZE,
-                                    rank=s.rank, precision=s.precision)
+                                    rank=s.rank, precision=s.precision, group_pages=s.group_pages,
+                                    super_rank=SUPER_RANK)
         self.side = LocksSummaryCache(side_layer_name(prefix), self.geom,
                                       vc.compilation_config.static_forward_context)
         self.wrapper = None
@@ -159,7 +164,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
                    page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
                    num_blocks=num_blocks, max_batch=mb, max_blocks_per_seq=b.block_table.shape[1],
                    budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-                   dense_below=s.effective_min_context, scale=self.scale, device=device)
+                   dense_below=s.effective_min_context, scale=self.scale, device=device,
+                   **two_level_plan(s, num_blocks))
             self.wrappers.append((mb, w))
         self.wrapper, self._plan_key = self.wrappers[-1][1], key
 
@@ -189,6 +195,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
         ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
                              slot_mapping=md.slot_mapping[:n])
+        if self.geom.group_pages:
+            self._update_supers(md, k_cache, n)
         if md.mixed_decodes:
             # Decode rows [0, nd) sparse, the prefill / extend rows after them on FlashAttention.
             nd = md.num_decodes
@@ -199,6 +207,18 @@ class LocksAttentionImpl(FlashAttentionImpl):
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
         return self._decode(md, query, k_cache, v_cache, summaries, output, n, dense=md.dense)
 
+    def _update_supers(self, md, k_cache, n: int) -> None:
+        """Build the super summary of every group this step completed (after its K write), into
+        the slot of the group's last block. Pure decode steps (graph-safe, one token a row):
+        the group each row's token completed. Other steps (eager): the builder's list of every
+        group completed by the step's tokens (a prefill chunk completes several)."""
+        tl = ops().two_level
+        supers = self.side.supers()
+        if md.super_jobs is None:
+            tl.super_update(k_cache, md.block_table[:n], md.seq_lens[:n], md.super_table[:n], supers)
+        elif md.super_jobs[1].numel():
+            tl.super_build(k_cache, md.super_jobs[0], md.super_jobs[1], supers)
+
     def _decode(self, md, query, k_cache, v_cache, summaries, output, n: int, dense: bool):
         """The LOCKS step over requests [0, n), one query token each (tokens [0, n))."""
         b = md.bufs
@@ -207,9 +227,14 @@ class LocksAttentionImpl(FlashAttentionImpl):
         # to the kernels as they are: they read and write the model dtype (no copies).
         q = query[:n].reshape(n, self.num_heads, self.head_size)  # a view where the layout allows
         out = output.view(-1, self.num_heads, self.head_size)[:n]
-        self.wrapper_for(n).run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n],
-                                out=out, lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n],
-                                dense=dense)
+        w = self.wrapper_for(n)
+        if self.geom.group_pages and not dense:
+            w.run_two_level(q, k_cache, v_cache, summaries, self.side.supers(), md.super_table[:n],
+                            md.block_table[:n], md.seq_lens[:n], out=out, lse=b.lse[:n],
+                            pages=b.pages[:n], counts=b.counts[:n])
+            return output
+        w.run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n], out=out,
+              lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n], dense=dense)
         return output
 
     def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output,

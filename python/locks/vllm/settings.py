@@ -8,10 +8,12 @@ name the setting and what to do.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
 PRECISIONS = ("int4", "fp32")
+SUPER_RANK = 8  # the two-level step's group basis rank (TwoLevelConfig's studied default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +27,12 @@ class LocksSettings:
     # step is shorter than this. None = the budget: below the budget selection keeps every page
     # anyway, so that default costs nothing and changes nothing.
     min_context: int | None = None
+    # Two-level LOCKS (include/locks/super_summary.h): 0 = off (flat LOCKS); S > 0 = a super
+    # summary per group of S pages (S in [2, 64]; 32 is the studied default), built on the
+    # device as groups fill, so that a step scores the groups first and reads page summaries
+    # only inside the best ones. Pays at ~512K tokens and more (docs/vllm.md "Two-level").
+    group_pages: int = 0
+    alpha: float = 40.0       # kept groups per budget page slot x S (TwoLevelConfig::alpha, >= 1)
 
     @property
     def effective_min_context(self) -> int:
@@ -38,6 +46,8 @@ ENV = {  # setting -> environment variable
     "sink_pages": "LOCKS_SINK_PAGES",
     "recent_pages": "LOCKS_RECENT_PAGES",
     "min_context": "LOCKS_MIN_CONTEXT",
+    "group_pages": "LOCKS_GROUP_PAGES",
+    "alpha": "LOCKS_ALPHA",
 }
 
 
@@ -51,6 +61,18 @@ def _as_int(name: str, v: Any, source: str) -> int:
     if isinstance(v, float) and v != i:
         raise ValueError(f"locks setting {name!r} ({source}) must be an integer, got {v!r}")
     return i
+
+
+def _as_float(name: str, v: Any, source: str) -> float:
+    if isinstance(v, bool):
+        raise ValueError(f"locks setting {name!r} ({source}) must be a number, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"locks setting {name!r} ({source}) must be a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"locks setting {name!r} ({source}) must be finite, got {v!r}")
+    return f
 
 
 def parse_settings(additional_config: dict | None, environ: dict | None = None,
@@ -81,6 +103,8 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             vals[k] = v
         elif k == "min_context" and (v is None or (isinstance(v, str) and v.lower() == "none")):
             vals[k] = None
+        elif k == "alpha":
+            vals[k] = _as_float(k, v, src)
         else:
             vals[k] = _as_int(k, v, src)
     s = LocksSettings(**vals)
@@ -97,4 +121,23 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             f"budget to at least {(s.sink_pages + s.recent_pages + 1) * P}")
     if s.min_context is not None and s.min_context < 0:
         raise ValueError(f"locks setting 'min_context' must be >= 0 or None, got {s.min_context}")
+    if s.group_pages:
+        if not 2 <= s.group_pages <= 64:
+            raise ValueError(f"locks setting 'group_pages' must be 0 (flat LOCKS) or in [2, 64] (pages a "
+                             f"super summary covers; the CUDA super build takes at most 64), got {s.group_pages}")
+        if s.alpha < 1.0:
+            raise ValueError(f"locks setting 'alpha' must be >= 1 (the kept groups must hold the budget), "
+                             f"got {s.alpha}")
+        if s.effective_min_context > s.budget:
+            raise ValueError(f"locks setting 'min_context' = {s.min_context} > budget {s.budget} with "
+                             "group_pages > 0: the two-level step keeps a minimum context only up to the "
+                             "budget; lower min_context or set group_pages to 0")
     return s
+
+
+def two_level_plan(s: LocksSettings, num_blocks: int) -> dict:
+    """The two-level arguments of a plan under settings s (none for flat LOCKS): one super
+    summary slot a KV-cache block (side_cache.SummaryGeometry)."""
+    if not s.group_pages:
+        return {}
+    return dict(group_pages=s.group_pages, super_slots=num_blocks, super_rank=SUPER_RANK, alpha=s.alpha)

@@ -39,9 +39,15 @@ class SummaryGeometry:
     page_size: int = 16
     rank: int = 8
     precision: str = "int4"
+    # Two-level LOCKS: group_pages > 0 adds a super summary slot to every block (the super
+    # summary of a group of S pages lives in the block of the group's last page, so a
+    # sequence's group j has slot block_table[j * S + S - 1]: no allocation of its own, the
+    # same lifetime, prefix-cache and reuse rules as the block). Rank super_rank, extent layout.
+    group_pages: int = 0
+    super_rank: int = 8
 
-    def fields(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        """(name, dtype, per-block shape) of each summary array, in the operators' order."""
+    def page_fields(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, per-block shape) of each page summary array, in the operators' order."""
         from ..ops import default_basis_group  # the plans' int4 basis scale groups
 
         H, d, P, r = self.num_kv_heads, self.head_dim, self.page_size, self.rank
@@ -54,6 +60,23 @@ class SummaryGeometry:
                     ("basis_scale", torch.float32, (H, r, d // default_basis_group(d))),
                     ("coeff_q", torch.int8, (H, P, r)), ("coeff_scale", torch.float32, (H, r))]
         raise ValueError(f"precision must be 'int4' or 'fp32', got {self.precision!r}")
+
+    def super_fields(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """The super summary arrays per block (locks.two_level.SuperSummaries' order), or none."""
+        if not self.group_pages:
+            return []
+        H, d, S, R = self.num_kv_heads, self.head_dim, self.group_pages, self.super_rank
+        f32, i8, u8 = torch.float32, torch.int8, torch.uint8
+        return [("sup_mu_q", i8, (H, d)), ("sup_mu_scale", f32, (H,)),
+                ("sup_basis_q", u8, (H, R, d // 2)), ("sup_basis_scale", f32, (H, R)),
+                ("sup_coord_q", i8, (H, S, R)), ("sup_coord_scale", f32, (H, R)),
+                ("sup_radius_q", u8, (H, S)), ("sup_radius_scale", f32, (H,)),
+                ("sup_lo_q", i8, (H, S, R)), ("sup_hi_q", i8, (H, S, R)),
+                ("sup_extent_scale", f32, (H, R))]
+
+    def fields(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """Every array a block carries: the page summary's, then the super summary slot's."""
+        return self.page_fields() + self.super_fields()
 
     @property
     def bytes_per_block(self) -> int:
@@ -199,6 +222,14 @@ class LocksSummaryCache(torch.nn.Module, _AttentionLayerBase):
         raise RuntimeError("the LOCKS summary side cache is not called directly")
 
     def summaries(self) -> list[torch.Tensor]:
+        """The page summary arrays ([num_blocks, ...] each)."""
+        return self._carved()[: len(self.geom.page_fields())]
+
+    def supers(self) -> list[torch.Tensor]:
+        """The super summary arrays (slot = block id; empty without group_pages)."""
+        return self._carved()[len(self.geom.page_fields()):]
+
+    def _carved(self) -> list[torch.Tensor]:
         kv = self.kv_cache
         if isinstance(kv, (list, tuple)):  # older vLLM: one tensor per virtual engine
             kv = kv[0]

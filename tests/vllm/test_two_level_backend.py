@@ -1,0 +1,177 @@
+"""Two-level LOCKS in the vLLM backend (settings group_pages > 0), on CPU tensors: which groups a
+step completed (the builder, no host sync), the super summaries the steps build into the slots
+of the groups' last blocks (= one bulk build over the final cache), and the decode step through
+the compiled two-level operator (= the one-shot operator over those supers)."""
+import itertools
+import random
+
+import pytest
+import torch
+
+import locks.vllm.library as lib
+from locks.vllm.builder import completed_groups
+from locks.vllm.settings import parse_settings
+
+from test_backend_cpu import H, NB, P, dense_of, step, tables
+import test_backend_cpu as tb
+
+try:
+    import locks
+
+    HAVE_OPS = hasattr(locks, "two_level")
+except ImportError:
+    HAVE_OPS = False
+
+needs_ops = pytest.mark.skipif(not HAVE_OPS, reason="the compiled locks operators are not installed")
+
+
+@pytest.fixture(autouse=True)
+def _reset_ops():
+    yield
+    lib.set_ops(None)
+
+
+def test_completed_groups_match_a_brute_force_walk():
+    """Every group whose last token is among a request's new tokens, once, with its S blocks and
+    the slot of its last block; nothing else (chunks of any length, prefix hits, decodes)."""
+    rng = random.Random(0)
+    for S, trial in itertools.product((2, 3, 32), range(40)):
+        GT = S * P
+        n = rng.randint(1, 4)
+        width = rng.randint(1, 6) * S + rng.randint(0, S - 1)
+        seq = [rng.randint(1, width * P) for _ in range(n)]
+        q = [rng.choice([1, rng.randint(1, s)]) for s in seq]
+        qsl = torch.tensor([0] + list(itertools.accumulate(q)), dtype=torch.int32)
+        bt = torch.randint(0, 10_000, (n, width), dtype=torch.int32)
+        blocks, slots = completed_groups(qsl, torch.tensor(seq, dtype=torch.int32), bt, S, P, max(q))
+        want = []
+        for b in range(n):
+            for t in range(seq[b] - q[b] + 1, seq[b] + 1):  # lengths reached this step
+                if t % GT == 0:
+                    j = t // GT - 1
+                    want.append((bt[b, j * S:(j + 1) * S].tolist(), int(bt[b, j * S + S - 1])))
+        assert [(r.tolist(), int(s)) for r, s in zip(blocks, slots)] == want, (S, trial)
+        assert blocks.dtype == slots.dtype == torch.int32
+
+
+@pytest.mark.parametrize("cfg,msg", [
+    ({"group_pages": 1}, "group_pages"), ({"group_pages": 65}, "group_pages"),
+    ({"group_pages": 32, "alpha": 0.5}, "alpha"), ({"group_pages": 32, "alpha": "many"}, "number"),
+    ({"group_pages": 32, "alpha": float("nan")}, "finite"),
+    ({"group_pages": 32, "budget": 512, "min_context": 4096}, "min_context"),
+])
+def test_two_level_settings_refused_with_the_setting_named(cfg, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_settings({"locks": cfg}, environ={})
+
+
+def test_two_level_settings_from_the_environment():
+    s = parse_settings({"locks": {"group_pages": 16}}, environ={"LOCKS_GROUP_PAGES": "32", "LOCKS_ALPHA": "8"})
+    assert (s.group_pages, s.alpha) == (32, 8.0)
+    assert parse_settings({}, environ={}).group_pages == 0  # flat LOCKS by default
+
+
+def _make(monkeypatch, cfg, **kw):
+    return tb.make_setup(monkeypatch, cfg, ops=locks, **kw)
+
+
+def bulk_supers(s, bt, lens, S):
+    """One bulk build, over the final cache, of every complete group of every sequence."""
+    want = locks.two_level.new_supers(NB, H, tb.D, group_pages=S)
+    rows = [(bt[b, j * S:(j + 1) * S], bt[b, j * S + S - 1]) for b, n in enumerate(lens)
+            for j in range(n // (S * P))]
+    if rows:
+        locks.two_level.super_build(s.kv[0], torch.stack([r for r, _ in rows]).contiguous(),
+                                    torch.stack([x for _, x in rows]).to(torch.int32), want)
+    return want, sorted({int(x) for _, x in rows})
+
+
+def check_supers(s, bt, lens, S):
+    want, slots = bulk_supers(s, bt, lens, S)
+    got = s.impl.side.supers()
+    assert slots  # the test builds some groups
+    for g, w in zip(got, want):
+        for x in slots:
+            assert torch.equal(g[x], w[x])
+
+
+@needs_ops
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_supers_built_as_groups_fill_equal_one_bulk_build(monkeypatch, runner):
+    """Prefill chunks that complete several groups, a mixed step (a decode row and an extend),
+    then decode steps that complete groups one token at a time: the slot of every complete
+    group holds what one bulk build over the final cache writes there."""
+    S = 2  # groups of 32 tokens, so the small test cache holds many
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
+              runner=runner)
+    bt, gen = tables(), torch.Generator().manual_seed(21)
+    step(s, bt, [200, 90], [200, 90], gen)          # 6 + 2 groups (the second ends mid-group)
+    check_supers(s, bt, [200, 90], S)
+    sw = bt[[1, 0]]                                  # decodes first: request 1 decodes, 0 extends
+    cm, md, _, _ = step(s, sw, [1, 150], [91, 350], gen)
+    assert md.super_jobs is not None and not md.pure_decode
+    check_supers(s, bt, [350, 91], S)
+    lens = [350, 91]
+    for _ in range(40):                              # 350 -> 390 crosses 352 and 384; 91 -> 131 crosses 96, 128
+        lens = [n + 1 for n in lens]
+        cm, md, q, out = step(s, bt, [1, 1], lens, gen)
+        assert md.pure_decode and md.super_jobs is None
+    check_supers(s, bt, lens, S)
+    assert md.super_table[:2, :6].tolist() == bt[:, S - 1:12:S].tolist()
+
+
+@needs_ops
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch, runner):
+    """The backend's step = locks.two_level.two_level_decode over the bulk-built supers (same
+    selection, same output bits up to the bf16 store); really two-level (level 1 keeps fewer
+    groups than there are) and really sparse."""
+    S = 2
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
+              runner=runner)
+    bt, gen = tables(), torch.Generator().manual_seed(22)
+    step(s, bt, [480, 300], [480, 300], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [481, 301], gen)
+    want_sup, _ = bulk_supers(s, bt, [481, 301], S)
+    sm = s.impl.side.summaries()
+    want, _, pages, counts = locks.two_level.two_level_decode(
+        q.float(), s.kv[0], s.kv[1], sm, want_sup, md.super_table[:2].contiguous(), bt, cm.seq_lens,
+        budget_tokens=64, alpha=1.0, scale=1 / tb.D ** 0.5, return_selection=True)
+    b = md.bufs
+    assert torch.equal(b.counts[:2], counts)
+    for i in range(2):
+        for h in range(H):
+            c = int(counts[i, h])
+            assert torch.equal(b.pages[i, h, :c], pages[i, h, :c])
+    assert ((out.double() - want.double()).abs() <= want.double().abs() * 2 ** -8 + 1e-5).all()
+    dense = dense_of(s, q, bt, cm.seq_lens)
+    assert (want[0].double() - dense[0]).abs().max() > 1e-2     # really sparse
+    # Really two-level: flat LOCKS over the same summaries selects other pages here.
+    flat = locks.DecodeWrapper.allocate(num_q_heads=tb.HQ, num_kv_heads=H, head_dim=tb.D, num_blocks=NB,
+                                        max_batch=2, max_blocks_per_seq=bt.shape[1], budget_tokens=64)
+    fp, fc = flat.select(q.float(), sm, bt, cm.seq_lens)
+    assert any(not torch.equal(fp[i, h, : int(fc[i, h])], pages[i, h, : int(counts[i, h])])
+               for i in range(2) for h in range(H))
+
+
+@needs_ops
+def test_two_level_budget_at_least_context_is_dense(monkeypatch):
+    s = _make(monkeypatch, {"precision": "int4", "budget": 512, "group_pages": 2, "alpha": 1.0})
+    bt, gen = tables(), torch.Generator().manual_seed(23)
+    step(s, bt, [300, 200], [300, 200], gen)
+    cm, _, q, out = step(s, bt, [1, 1], [301, 201], gen)
+    assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7
+
+
+def test_two_level_needs_the_compiled_operators(monkeypatch):
+    with pytest.raises(NotImplementedError, match="two-level"):
+        tb.make_setup(monkeypatch, {"group_pages": 32})
+
+
+def test_latency_backend_names():
+    from locks.vllm.check import backend_settings
+
+    assert backend_settings("CUSTOM", 2048, 32) == ("CUSTOM", {"additional_config": {"locks": {"budget": 2048}}})
+    assert backend_settings("CUSTOM_H2", 1024, 16) == (
+        "CUSTOM", {"additional_config": {"locks": {"budget": 1024, "group_pages": 16}}})
+    assert backend_settings("FLASH_ATTN", 2048, 32) == ("FLASH_ATTN", {})
