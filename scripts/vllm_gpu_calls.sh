@@ -6,7 +6,11 @@
 # scripts/vllm_gpu.sh with the given phases (logs under $OUT/vllm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-n=${1:?call number 2-5}; shift
+n=${1:?call number 0 or 2-5}; shift
+if [ "$n" = 0 ]; then  # before call 1: park the zstandard wheel (vllm_gpu_stage.sh moved it to p0)
+  mkdir -p /tmp/vstage && cp .vstage/p0/* /tmp/vstage/ && ls /tmp/vstage
+  exit $?
+fi
 D=.devcarry
 # A prebuilt liblocks_torch.so (built here against torch 2.11: the library is loaded with
 # torch.ops.load_library, so it does not depend on the Python version), carried in .devcarry/lk

