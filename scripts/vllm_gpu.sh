@@ -2,7 +2,7 @@
 # GPU checks of the vLLM plugin on the H200 (docs/vllm.md). Run after the vLLM bundle is
 # unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
 # the repository root; every phase fits one device call (< 10 min):
-#   scripts/vllm_gpu.sh [build] [smoke] [correct] [correct-h2] [latency-glm] [latency-llama] [latency-quick]
+#   scripts/vllm_gpu.sh [build] [smoke] [gpu-tests] [correct] [correct-h2] [latency-glm] [latency-llama] [latency-quick]
 #                       [profile-llama] [profile-glm] [peer] [peer-quick] [env]
 # build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
 #          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
@@ -13,6 +13,8 @@
 #          at a tie of FLASH_ATTN's top two tokens; TRITON_ATTN vs FLASH_ATTN as the noise
 #          floor), ragged batch of 8, prefix caching on/off, graphs and eager, V1 and V2;
 #          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines.
+# gpu-tests: the backend's GPU tests without an engine (tests/vllm/test_gpu_*.py: two-level
+#          LOCKS with the decode step in a CUDA graph, against one bulk build and the operator).
 # correct-h2: two-level LOCKS (group_pages 4) on SmolLM2-135M, V2 runner, graphs with prefix
 #          caching and graphs with chunked prefill: budget >= context token-identical to
 #          FLASH_ATTN (the super builds of prefill chunks, mixed and captured decode steps run);
@@ -59,7 +61,7 @@ phases=("$@")
 status=0
 run() { # name timeout cmd...
   local name=$1 t=$2; shift 2
-  echo "== $name"; timeout "$t" "$@" 2>&1 | tee "$V/$name.log" | grep -E "^(ENGINE|\[|SMOKE|VLLM|model|glm|llama|Traceback|[A-Za-z]*Error)" | head -80
+  echo "== $name"; timeout "$t" "$@" 2>&1 | tee "$V/$name.log" | grep -E "^(ENGINE|\[|SMOKE|VLLM|model|glm|llama|Traceback|[A-Za-z]*Error)|[0-9]+ (passed|failed|skipped|error)" | head -80
   local rc=${PIPESTATUS[0]}; echo "$name rc=$rc"; [ "$rc" -eq 0 ] || status=1
 }
 for p in "${phases[@]}"; do
@@ -76,6 +78,7 @@ for p in "${phases[@]}"; do
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
         $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
+    gpu-tests) run gpu-tests 300 python3 -m pytest -q -p no:cacheprovider -rs tests/vllm/test_gpu_two_level_backend.py ;;
     correct-h2) run correct-h2 580 python3 -m locks.vllm.check correct-h2 --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
     latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
         ${LOCKS_VLLM_BACKENDS:+--backends $LOCKS_VLLM_BACKENDS} \

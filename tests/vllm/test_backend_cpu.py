@@ -49,10 +49,11 @@ def v1_layout(kv: torch.Tensor) -> torch.Tensor:
 
 
 def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None,
-               runner="v2"):
-    """One attention layer (impl + side cache + builder) over a CPU cache of NB blocks;
-    ops: the `locks` functions to use (default: the torch reference); runner: the KV-cache
-    layout of vLLM's V2 ("v2", as the backend asks) or V1 ("v1", v1_layout) model runner."""
+               runner="v2", device="cpu"):
+    """One attention layer (impl + side cache + builder) over a cache of NB blocks (on the CPU
+    unless `device` says otherwise); ops: the `locks` functions to use (default: the torch
+    reference); runner: the KV-cache layout of vLLM's V2 ("v2", as the backend asks) or V1
+    ("v1", v1_layout) model runner."""
     cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
                       cudagraph_mode=cudagraph_mode)
     monkeypatch.setattr(im, "get_current_vllm_config", lambda: cfg)
@@ -60,11 +61,12 @@ def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=
     lib.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
     impl = im.LocksAttentionImpl(heads, D, 1 / math.sqrt(D), H, None, window, "auto", layer_name=NAME)
     spec = FullAttentionSpec(block_size=P, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
-    builder = bd.LocksMetadataBuilder(spec, [NAME], cfg, torch.device("cpu"))
-    kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16)
+    builder = bd.LocksMetadataBuilder(spec, [NAME], cfg, torch.device(device))
+    kv = torch.zeros(be.LocksAttentionBackend.get_kv_cache_shape(NB, P, H, D), dtype=torch.bfloat16,
+                     device=device)
     if runner == "v1":
         kv = v1_layout(kv)
-    impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8)
+    impl.side.kv_cache = torch.zeros(NB, P, impl.geom.token_bytes, dtype=torch.uint8, device=device)
     return types.SimpleNamespace(cfg=cfg, impl=impl, builder=builder, kv=kv)
 
 

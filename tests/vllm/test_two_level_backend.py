@@ -52,6 +52,11 @@ def test_completed_groups_match_a_brute_force_walk():
                     want.append((bt[b, j * S:(j + 1) * S].tolist(), int(bt[b, j * S + S - 1])))
         assert [(r.tolist(), int(s)) for r, s in zip(blocks, slots)] == want, (S, trial)
         assert blocks.dtype == slots.dtype == torch.int32
+        # The device form (no mask): every candidate kept, those that completed nothing at slot -1.
+        cb, cs = completed_groups(qsl, torch.tensor(seq, dtype=torch.int32), bt, S, P, max(q), drop=False)
+        assert cb.shape == (n * (max(q) // GT + 1), S) and cs.shape == (cb.shape[0],)
+        assert [(r.tolist(), int(s)) for r, s in zip(cb, cs) if s >= 0] == want
+        assert int((cs >= 0).sum()) == len(want)
 
 
 @pytest.mark.parametrize("cfg,msg", [

@@ -76,13 +76,14 @@ class DecodeBuffers:
 
 
 def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                     group_pages: int, page_size: int, max_query_len: int):
+                     group_pages: int, page_size: int, max_query_len: int, drop: bool | None = None):
     """The groups of S pages each request's tokens of this step completed, on the device and
     without a host sync: (group_blocks [n, S] int32, slots [n] int32), slot = the group's last
     block. A request whose q tokens end at length L completes the groups j with
     (L - q) // (S P) <= j < L // (S P): at most q // (S P) + 1 of them, so every request gets
     that many candidates (max_query_len's count) and the ones past its range get slot -1 (the
-    CUDA build skips them; on the CPU, where a mask costs no sync, they are dropped)."""
+    CUDA build skips them; on the CPU, where a mask costs no sync, they are dropped; `drop`
+    overrides that choice)."""
     S, GT = group_pages, group_pages * page_size
     n = seq_lens.shape[0]
     K = max_query_len // GT + 1
@@ -96,7 +97,7 @@ def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, bloc
     cols = cols.clamp(max=block_table.shape[1] - 1)  # candidates past the range: any column
     blocks = block_table.gather(1, cols.view(n, K * S)).view(n * K, S).to(torch.int32)
     slots = torch.where(valid.view(-1), blocks[:, S - 1], torch.full_like(blocks[:, S - 1], -1))
-    if dev.type == "cpu":
+    if dev.type == "cpu" if drop is None else drop:
         keep = valid.view(-1)
         return blocks[keep].contiguous(), slots[keep].contiguous()
     return blocks, slots
