@@ -203,3 +203,20 @@ def test_side_cache_rows_carry_one_super_slot_each():
         assert [(tuple(t.shape), t.dtype) for t in want] == [(tuple(v.shape), v.dtype) for v in sup]
     for v, (_, dt, _) in zip(views, g.fields()):
         assert v.data_ptr() % field_align(dt) == 0 and v.is_contiguous()
+
+
+def test_two_level_byte_model_falls_back_like_the_step():
+    """The latency table's two-level byte model: flat LOCKS's bytes wherever the step falls back
+    (budget >= context, fewer than 8 complete groups, every group kept), fewer elsewhere, and
+    more bytes for a larger budget (more kept groups and selected pages)."""
+    from locks.vllm.check import bytes_per_step, bytes_per_step_h2
+
+    for ctx, budget in ((4096, 8192), (3 * 512, 64), (131072, 2048)):  # 160 + 2 of 256 groups: kept
+        if ctx == 131072:
+            assert bytes_per_step_h2("glm", ctx, 1, budget) < bytes_per_step("glm", ctx, 1, budget, True)
+            continue
+        assert bytes_per_step_h2("glm", ctx, 1, budget) == bytes_per_step("glm", ctx, 1, budget, True)
+    assert bytes_per_step_h2("llama", 8192, 1, 2048) == bytes_per_step("llama", 8192, 1, 2048, True)
+    one_m = 1 << 20
+    assert bytes_per_step_h2("glm", one_m, 1, 512) < bytes_per_step_h2("glm", one_m, 1, 2048) \
+        < bytes_per_step("glm", one_m, 1, 2048, True)

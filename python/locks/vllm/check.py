@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -552,6 +553,25 @@ def bytes_per_step(model, ctx, batch, budget, locks: bool):
     return w + summ + sel
 
 
+def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min_groups=4):
+    """The two-level step's bytes (the byte model of include/locks/super_summary.h's
+    two_level_step_bytes, simplified): every complete group's super summary (1,544 B a KV head
+    at d 128, S 32, R 8), the page summaries of the kept groups (the m best, the
+    first group and the recent one), of the open group and the tail, and the selected K/V; flat
+    LOCKS where level 1 would keep every group (the step's fallback)."""
+    L, H, d, params = SHAPES[model]
+    S, pages = group_pages, ctx // 16
+    C = pages // S
+    k = budget // 16
+    kept = max(min_groups, math.ceil(alpha * k / S)) + 2
+    if budget >= ctx or C < 8 or kept >= C:
+        return bytes_per_step(model, ctx, batch, budget, True)
+    sup = d + 4 + 8 * d // 2 + 4 * 8 + S * 8 + 4 * 8 + S + 4 + 2 * S * 8 + 4 * 8
+    listed = kept * S + pages % S + 1
+    per_layer = C * H * sup + listed * H * 836 * d / 128 + min(ctx, budget) * H * d * 2 * 2
+    return 2 * params + batch * L * per_layer
+
+
 def latency(args) -> int:
     rows = [r.split() for r in args.rows.split(";") if r.strip()]
     by_model: dict[str, list[tuple[int, int]]] = {}
@@ -611,16 +631,19 @@ def latency(args) -> int:
             row["bytes_dense"] = bytes_per_step(model, c, b, args.budget, False)
             row["bytes_locks"] = bytes_per_step(model, c, b, args.budget, True)
             row["bytes_ratio"] = row["bytes_dense"] / row["bytes_locks"]
+            if "CUSTOM_H2" in row:
+                row["bytes_h2"] = bytes_per_step_h2(model, c, b, args.budget, args.group_pages)
+                row["bytes_ratio_h2"] = row["bytes_dense"] / row["bytes_h2"]
             table.append(row)
     print(f"\n{'model':6} {'ctx':>8} {'B':>2} {'FA ms/tok':>10} {'LOCKS ms/tok':>12} {'speedup':>8} "
-          f"{'byte ratio':>10} {'H2 ms/tok':>10} {'H2 speedup':>10}")
+          f"{'byte ratio':>10} {'H2 ms/tok':>10} {'H2 speedup':>10} {'H2 bytes':>8}")
     nan = float("nan")
     for r in table:
         fa = r.get("FLASH_ATTN", {}).get("tpot_ms", nan)
         lk = r.get("CUSTOM", {}).get("tpot_ms", nan)
         h2 = r.get("CUSTOM_H2", {}).get("tpot_ms", nan)
         print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} {fa:>10.3f} {lk:>12.3f} "
-              f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} {r.get('speedup_h2', nan):>10.2f}")
+              f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} {r.get('speedup_h2', nan):>10.2f} {r.get('bytes_ratio_h2', nan):>8.2f}")
     meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget,
             "group_pages_h2": args.group_pages, "runner_v2": args.runner,
             "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
