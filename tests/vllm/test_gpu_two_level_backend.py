@@ -11,7 +11,8 @@ import torch
 import locks.vllm.library as lib
 
 from helpers import common_metadata
-from test_backend_cpu import D, H, HQ, LAYER, NB, tables
+from test_backend_cpu import D, HQ, LAYER, H, tables
+from test_two_level_backend import bulk_supers, step_matches_operator
 import test_backend_cpu as tb
 
 try:
@@ -49,15 +50,6 @@ def gstep(s, bt, query_lens, seq_lens, gen):
     return cm, md, q, out.view(n, HQ, D)
 
 
-def bulk_supers(s, bt, lens, S):
-    want = locks.two_level.new_supers(NB, H, D, group_pages=S, device=DEV)
-    rows = [(bt[b, j * S:(j + 1) * S], bt[b, j * S + S - 1]) for b, n in enumerate(lens)
-            for j in range(n // (S * 16))]
-    locks.two_level.super_build(s.kv[0], torch.stack([r for r, _ in rows]).contiguous(),
-                                torch.stack([x for _, x in rows]).to(torch.int32), want)
-    return want, sorted({int(x) for _, x in rows})
-
-
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     from vllm.config.compilation import CUDAGraphMode
@@ -92,15 +84,4 @@ def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     for got, w in zip(s.impl.side.supers(), want_sup):
         for x in slots:
             assert torch.equal(got[x], w[x])
-    ref_out, _, pages, counts = locks.two_level.two_level_decode(
-        q, s.kv[0], s.kv[1], s.impl.side.summaries(), want_sup, md.super_table[:2].contiguous(), bt,
-        cm.seq_lens, budget_tokens=64, alpha=1.0, scale=1 / D ** 0.5, return_selection=True)
-    b = md.bufs
-    assert torch.equal(b.counts[:2], counts)
-    for i in range(2):
-        for h in range(H):
-            c = int(counts[i, h])
-            assert torch.equal(b.pages[i, h, :c], pages[i, h, :c])
-    o = out.view(2, HQ, D).double()
-    r = ref_out.double()
-    assert ((o - r).abs() <= r.abs() * 2 ** -8 + 1e-5).all()
+    step_matches_operator(s, md, q, out.view(2, HQ, D), bt, cm.seq_lens, want_sup, 64, 1.0)

@@ -81,14 +81,34 @@ def _make(monkeypatch, cfg, **kw):
 
 
 def bulk_supers(s, bt, lens, S):
-    """One bulk build, over the final cache, of every complete group of every sequence."""
-    want = locks.two_level.new_supers(NB, H, tb.D, group_pages=S)
+    """One bulk build, over the final cache, of every complete group of every sequence (on the
+    cache's device): the supers and the slots written."""
+    want = locks.two_level.new_supers(NB, H, tb.D, group_pages=S, device=s.kv.device)
     rows = [(bt[b, j * S:(j + 1) * S], bt[b, j * S + S - 1]) for b, n in enumerate(lens)
             for j in range(n // (S * P))]
     if rows:
         locks.two_level.super_build(s.kv[0], torch.stack([r for r, _ in rows]).contiguous(),
                                     torch.stack([x for _, x in rows]).to(torch.int32), want)
     return want, sorted({int(x) for _, x in rows})
+
+
+def step_matches_operator(s, md, q, out, bt, seq_lens, supers, budget, alpha):
+    """The backend's last step (selection in md.bufs, output `out` [B, HQ, D] bf16) against
+    locks.two_level.two_level_decode over `supers`: the same pages, the output within one bf16
+    rounding of the operator's fp32 result. Returns that result."""
+    B = q.shape[0]
+    want, _, pages, counts = locks.two_level.two_level_decode(
+        q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), supers, md.super_table[:B].contiguous(), bt,
+        seq_lens, budget_tokens=budget, alpha=alpha, scale=1 / tb.D ** 0.5, return_selection=True)
+    b = md.bufs
+    assert torch.equal(b.counts[:B], counts)
+    for i in range(B):
+        for h in range(H):
+            c = int(counts[i, h])
+            assert torch.equal(b.pages[i, h, :c], pages[i, h, :c])
+    o, w = out.double(), want.double()
+    assert ((o - w).abs() <= w.abs() * 2 ** -8 + 1e-5).all()
+    return want, pages, counts
 
 
 def check_supers(s, bt, lens, S):
@@ -139,16 +159,7 @@ def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch
     cm, md, q, out = step(s, bt, [1, 1], [481, 301], gen)
     want_sup, _ = bulk_supers(s, bt, [481, 301], S)
     sm = s.impl.side.summaries()
-    want, _, pages, counts = locks.two_level.two_level_decode(
-        q.float(), s.kv[0], s.kv[1], sm, want_sup, md.super_table[:2].contiguous(), bt, cm.seq_lens,
-        budget_tokens=64, alpha=1.0, scale=1 / tb.D ** 0.5, return_selection=True)
-    b = md.bufs
-    assert torch.equal(b.counts[:2], counts)
-    for i in range(2):
-        for h in range(H):
-            c = int(counts[i, h])
-            assert torch.equal(b.pages[i, h, :c], pages[i, h, :c])
-    assert ((out.double() - want.double()).abs() <= want.double().abs() * 2 ** -8 + 1e-5).all()
+    want, pages, counts = step_matches_operator(s, md, q, out, bt, cm.seq_lens, want_sup, 64, 1.0)
     dense = dense_of(s, q, bt, cm.seq_lens)
     assert (want[0].double() - dense[0]).abs().max() > 1e-2     # really sparse
     # Really two-level: flat LOCKS over the same summaries selects other pages here.
@@ -220,3 +231,31 @@ def test_two_level_byte_model_falls_back_like_the_step():
     one_m = 1 << 20
     assert bytes_per_step_h2("glm", one_m, 1, 512) < bytes_per_step_h2("glm", one_m, 1, 2048) \
         < bytes_per_step("glm", one_m, 1, 2048, True)
+
+
+@needs_ops
+def test_prefix_hits_and_reused_blocks_keep_supers_right(monkeypatch):
+    """A prefix-cache hit reads the supers of the shared groups from the shared blocks (built by
+    the request that wrote them) and builds only the groups its own tokens complete; a block
+    reused at another position (the first request gone) gets the super of the group it now
+    ends. Both equal one bulk build over the requesting table, and the hit's step equals the
+    operator over those supers."""
+    S = 2
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0})
+    bt, gen = tables(), torch.Generator().manual_seed(24)
+    step(s, bt[:1], [400], [400], gen)                       # request A: 12 groups (25 pages)
+    hit = 12                                                 # pages shared: A's groups 0-5
+    b_table = torch.cat([bt[0, :hit], bt[1, : 32 - hit]])[None]
+    cm, md, _, _ = step(s, b_table, [300 - hit * P], [300], gen)
+    assert int(md.super_jobs[1].shape[0]) == 300 // (S * P) - hit // S   # only its own groups
+    check_supers(s, b_table, [300], S)
+    check_supers(s, bt[:1], [hit * P], S)                    # the shared groups untouched
+    cm, md, q, out = step(s, b_table, [1], [301], gen)
+    want_sup, _ = bulk_supers(s, b_table, [301], S)
+    step_matches_operator(s, md, q, out, b_table, cm.seq_lens, want_sup, 64, 1.0)
+    # Request A gone; C reuses A's blocks from page 12 on at positions 0.. with new tokens: C's
+    # group j is A's group 6 + j's blocks and ends in the same block, whose slot holds A's stale
+    # super until C's step completes the group and rebuilds it.
+    c_table = torch.cat([bt[0, hit:], bt[1, 32 - hit:]])[None]
+    step(s, c_table, [250], [250], gen)
+    check_supers(s, c_table, [250], S)

@@ -406,20 +406,26 @@ def judge_tail(report: dict, lk_values: list, tr_values: list) -> bool:
     return ok
 
 
-def correct(args) -> int:
+def correctness_inputs():
+    """SmolLM2's tokenizer, the ragged batch of 8 (37-2047 tokens of this file), the three
+    passkey tasks (4,000-7,900 tokens) and the engine arguments the correctness runs share."""
     from transformers import AutoTokenizer
 
     folder = smollm2_folder()
     tok = AutoTokenizer.from_pretrained(folder)
-    text = open(__file__).read() * 8
-    ids = tok(text, add_special_tokens=False).input_ids
+    ids = tok(open(__file__).read() * 8, add_special_tokens=False).input_ids
     lens = [37, 100, 250, 513, 777, 1024, 1500, 2047]            # ragged batch of 8
     ragged = [ids[i * 97: i * 97 + n] for i, n in enumerate(lens)]
     pk_tasks = [passkey_prompt(tok, n, depth=d, seed=s) for n, d, s in
                 [(4000, 0.3, 1), (6000, 0.5, 2), (7900, 0.7, 3)]]
-    passkeys = [t[0] for t in pk_tasks]
     base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
                 gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
+    return tok, ragged, pk_tasks, base
+
+
+def correct(args) -> int:
+    tok, ragged, pk_tasks, base = correctness_inputs()
+    passkeys = [t[0] for t in pk_tasks]
     report, ok = {"configs": {}}, True
     pooled_lk, pooled_tr = [], []
     for name in args.configs.split(","):
@@ -482,18 +488,8 @@ def correct_h2(args) -> int:
     step falls back to every page) token-identical to FLASH_ATTN like dense LOCKS; (b) passkeys
     at budget 512 with level 1 engaged (S 4, alpha 2: 16 of 62-123 groups kept, plus the
     forced ones) found as FLASH_ATTN finds them."""
-    from transformers import AutoTokenizer
-
-    folder = smollm2_folder()
-    tok = AutoTokenizer.from_pretrained(folder)
-    ids = tok(open(__file__).read() * 8, add_special_tokens=False).input_ids
-    lens = [37, 100, 250, 513, 777, 1024, 1500, 2047]
-    ragged = [ids[i * 97: i * 97 + n] for i, n in enumerate(lens)]
-    pk_tasks = [passkey_prompt(tok, n, depth=d, seed=s) for n, d, s in
-                [(4000, 0.3, 1), (6000, 0.5, 2), (7900, 0.7, 3)]]
+    tok, ragged, pk_tasks, base = correctness_inputs()
     passkeys = [t[0] for t in pk_tasks]
-    base = dict(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=8192,
-                gpu_memory_utilization=0.25, block_size=16, max_num_seqs=8, seed=0)
     report, ok = {"configs": {}}, True
     for name in args.configs.split(","):
         v2, graphs, pc = CORRECT_CONFIGS[name]
