@@ -171,11 +171,21 @@ def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch
 
 
 @needs_ops
-def test_two_level_budget_at_least_context_is_dense(monkeypatch):
-    s = _make(monkeypatch, {"precision": "int4", "budget": 512, "group_pages": 2, "alpha": 1.0})
+@pytest.mark.parametrize("graphs", [False, True])
+def test_two_level_budget_at_least_context_is_dense(monkeypatch, graphs):
+    """Eager: every sequence below the budget takes the dense kernel (md.dense); under full
+    decode graphs the two-level step runs and selects every page (its fallback)."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    mode = CUDAGraphMode.FULL_DECODE_ONLY if graphs else CUDAGraphMode.NONE
+    s = _make(monkeypatch, {"precision": "int4", "budget": 512, "group_pages": 2, "alpha": 1.0},
+              cudagraph_mode=mode)
     bt, gen = tables(), torch.Generator().manual_seed(23)
     step(s, bt, [300, 200], [300, 200], gen)
-    cm, _, q, out = step(s, bt, [1, 1], [301, 201], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [301, 201], gen)
+    assert md.dense != graphs
+    if graphs:
+        assert md.bufs.counts[:2].tolist() == [[19, 19], [13, 13]]  # every page selected
     assert (out.double() - dense_of(s, q, bt, cm.seq_lens)).abs().max() < 2 ** -7
 
 
