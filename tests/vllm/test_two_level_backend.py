@@ -269,3 +269,34 @@ def test_prefix_hits_and_reused_blocks_keep_supers_right(monkeypatch):
     c_table = torch.cat([bt[0, hit:], bt[1, 32 - hit:]])[None]
     step(s, c_table, [250], [250], gen)
     check_supers(s, c_table, [250], S)
+
+
+def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys):
+    """The latency mode's arithmetic on stand-in engine runs: time per output token from the
+    long and short decodes (64 steps apart), speedups of flat and two-level LOCKS over
+    FLASH_ATTN, the byte ratios, the engines' settings (CUSTOM_H2 = CUSTOM with group_pages)."""
+    import types
+
+    import locks.vllm.check as chk
+
+    per_token = {"flash_attn": 0.020, "custom": 0.010, "custom_h2": 0.008}  # seconds
+    seen = {}
+
+    def fake_run(tag, kw, runs, env, out, **_):
+        seen[tag] = kw
+        be = tag.split("-", 2)[2]
+        t = {"warm": 1.0, "short": 0.5, "long": 0.5 + 64 * per_token[be], "long2": 0.6 + 64 * per_token[be]}
+        return {"runs": [{"name": r["name"], "seconds": t[r["name"].split(":")[1]]} for r in runs]}
+
+    monkeypatch.setattr(chk, "run_engine", fake_run)
+    a = types.SimpleNamespace(rows="glm 1048576 1", skip_prefill=True, runner="1", glm_kv_groups=0, mem=0.9,
+                              chunk=32768, backends="FLASH_ATTN,CUSTOM,CUSTOM_H2", budget=2048, group_pages=32,
+                              fa_splits=32, timeout=10, out=str(tmp_path), kernel_profile=False)
+    assert chk.latency(a) == 0
+    row = __import__("json").load(open(tmp_path / "vllm_latency.json"))["rows"][0]
+    assert row["FLASH_ATTN"]["tpot_ms"] == pytest.approx(20.0)
+    assert row["speedup"] == pytest.approx(2.0) and row["speedup_h2"] == pytest.approx(2.5)
+    assert row["bytes_ratio_h2"] > row["bytes_ratio"] > 1
+    assert seen["lat-glm-custom_h2"]["attention_backend"] == "CUSTOM"
+    assert seen["lat-glm-custom_h2"]["additional_config"] == {"locks": {"budget": 2048, "group_pages": 32}}
+    assert "H2 speedup" in capsys.readouterr().out

@@ -639,7 +639,8 @@ def latency(args) -> int:
         lk = r.get("CUSTOM", {}).get("tpot_ms", nan)
         h2 = r.get("CUSTOM_H2", {}).get("tpot_ms", nan)
         print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} {fa:>10.3f} {lk:>12.3f} "
-              f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} {r.get('speedup_h2', nan):>10.2f} {r.get('bytes_ratio_h2', nan):>8.2f}")
+              f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} "
+              f"{r.get('speedup_h2', nan):>10.2f} {r.get('bytes_ratio_h2', nan):>8.2f}")
     meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget,
             "group_pages_h2": args.group_pages, "runner_v2": args.runner,
             "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
