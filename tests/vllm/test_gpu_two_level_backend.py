@@ -4,6 +4,7 @@ without CUDA): the CUDA completed-group list (candidates at slot -1 skipped by t
 decode-time super_update and the two-level step captured in one CUDA graph per step as vLLM's
 full decode graphs do, checked against one bulk build and the one-shot operator."""
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 import locks.vllm.library as lib
 
 from helpers import common_metadata
-from test_backend_cpu import D, HQ, LAYER, H, tables
+from test_backend_cpu import D, HQ, H, tables
 from test_two_level_backend import bulk_supers, step_matches_operator
 import test_backend_cpu as tb
 
@@ -24,6 +25,9 @@ except ImportError:
 
 pytestmark = pytest.mark.skipif(not HAVE, reason="needs CUDA and the CUDA locks operators")
 DEV = "cuda"
+# The attention layer's K/V scales: vLLM's reshape_and_cache_flash reads them on the device.
+LAYER = types.SimpleNamespace(_k_scale=torch.ones(1, device=DEV) if HAVE else None,
+                              _v_scale=torch.ones(1, device=DEV) if HAVE else None)
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +58,11 @@ def gstep(s, bt, query_lens, seq_lens, gen):
 def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     from vllm.config.compilation import CUDAGraphMode
 
+    import vllm.v1.attention.backends.flash_attn as fa_mod
+
+    # Prefill runs on the test's torch stand-in of FlashAttention: keep FA3's ahead-of-time
+    # scheduler (which the stand-in ignores) out of the metadata builder.
+    monkeypatch.setattr(fa_mod, "get_flash_attn_version", lambda *a, **k: None)
     S = 2
     s = tb.make_setup(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
                       cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY, ops=locks, runner=runner, device=DEV)
