@@ -3,6 +3,7 @@ step completed (the builder, no host sync), the super summaries the steps build 
 of the groups' last blocks (= one bulk build over the final cache), and the decode step through
 the compiled two-level operator (= the one-shot operator over those supers)."""
 import itertools
+import math
 import random
 
 import pytest
@@ -143,6 +144,22 @@ def test_supers_built_as_groups_fill_equal_one_bulk_build(monkeypatch, runner):
         assert md.pure_decode and md.super_jobs is None
     check_supers(s, bt, lens, S)
     assert md.super_table[:2, :6].tolist() == bt[:, S - 1:12:S].tolist()
+
+
+@needs_ops
+def test_two_level_logs_its_settings_and_cost(monkeypatch, caplog):
+    import locks.vllm.impl as im
+
+    monkeypatch.setattr(im, "_logged_two_level", False)
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": 2, "alpha": 1.0})
+    bt, gen = tables(), torch.Generator().manual_seed(25)
+    with caplog.at_level("INFO"):
+        step(s, bt, [40, 20], [40, 20], gen)
+        step(s, bt, [1, 1], [41, 21], gen)                    # the first decode plans
+    msg = [r.getMessage() for r in caplog.records if "LOCKS two-level" in r.getMessage()]
+    sup = sum(torch.empty((), dtype=dt).element_size() * math.prod(shape)
+              for _, dt, shape in s.impl.geom.super_fields())
+    assert len(msg) == 1 and f"group_pages 2, alpha 1, budget 64" in msg[0] and f"{sup} B a block a layer" in msg[0]
 
 
 @needs_ops

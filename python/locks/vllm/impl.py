@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
@@ -52,6 +53,25 @@ def _log_layout_once(k_cache: torch.Tensor) -> None:
         init_logger(__name__).info("LOCKS: KV cache K half shape %s strides %s (block stride %d, "
                                    "dense %d)", tuple(k_cache.shape), tuple(k_cache.stride()),
                                    k_cache.stride(0), dense)
+
+
+_logged_two_level = False
+
+
+def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: torch.dtype) -> None:
+    """Once per process: the two-level settings and what their super summary slots cost."""
+    global _logged_two_level
+    if _logged_two_level:
+        return
+    _logged_two_level = True
+    from vllm.logger import init_logger
+
+    sup = sum(torch.empty((), dtype=dt).element_size() * math.prod(shape) for _, dt, shape in geom.super_fields())
+    kv = 2 * geom.page_size * geom.num_kv_heads * geom.head_dim * torch.empty((), dtype=kv_dtype).element_size()
+    init_logger(__name__).info(
+        "LOCKS two-level: group_pages %d, alpha %g, budget %d; a super summary slot in each of the %d "
+        "blocks' side-cache rows, %d B a block a layer (%.1f%% of its K/V)", s.group_pages, s.alpha,
+        s.budget, num_blocks, sup, 100.0 * sup / kv)
 
 
 def _attention_prefix() -> str | None:
@@ -168,6 +188,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
                    **two_level_plan(s, num_blocks))
             self.wrappers.append((mb, w))
         self.wrapper, self._plan_key = self.wrappers[-1][1], key
+        if s.group_pages:
+            _log_two_level_once(s, self.geom, num_blocks, kv_dtype)
 
     def wrapper_for(self, n: int):
         """The wrapper planned for the smallest batch bucket that holds n sequences."""
