@@ -3,7 +3,7 @@
 // Where the group's top R + 1 covariance eigenvalues are distinct (planted spectrum) the
 // basis is unique up to sign, which both builds fix the same way, so every dequantized field
 // must agree within 1.5 quantization steps: the fp32 arithmetic of the GPU (covariance sums
-// of S * 16 terms, the subspace iteration's stopping rule at a 1e-6 relative change of the
+// of S * 16 terms, the subspace iteration's stopping rule at a 1e-4 relative change of the
 // captured variance) moves a value by ~1e-4 of its scale or less, so the two can differ by
 // one step only where a value sits at a rounding boundary. Where eigenvalues are close (i.i.d.
 // keys) the basis is not unique: there the GPU basis must capture as much of the group's
