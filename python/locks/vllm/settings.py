@@ -32,7 +32,8 @@ class LocksSettings:
     # device as groups fill, so that a step scores the groups first and reads page summaries
     # only inside the best ones. Pays at ~512K tokens and more (docs/vllm.md "Two-level").
     group_pages: int = 0
-    alpha: float = 40.0       # kept groups per budget page slot x S (TwoLevelConfig::alpha, >= 1)
+    alpha: float = 40.0       # level 1 keeps max(4, ceil(alpha x budget pages / S)) groups besides
+                              # the forced ones (TwoLevelConfig::alpha, >= 1)
 
     @property
     def effective_min_context(self) -> int:
