@@ -317,3 +317,34 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
     assert seen["lat-glm-custom_h2"]["attention_backend"] == "CUSTOM"
     assert seen["lat-glm-custom_h2"]["additional_config"] == {"locks": {"budget": 2048, "group_pages": 32}}
     assert "H2 speedup" in capsys.readouterr().out
+
+
+@needs_ops
+@pytest.mark.parametrize("seed", range(4))
+def test_supers_stay_right_under_random_schedules(monkeypatch, seed):
+    """Random schedules of two requests (prompt chunks of 1-160 tokens, decodes, both in one
+    step with the decode rows first, as vLLM orders them), random S: after every step the slot
+    of every complete group holds what one bulk build over the current cache writes."""
+    rng = random.Random(seed)
+    S = rng.choice([2, 3, 4])
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0})
+    bt, gen = tables(), torch.Generator().manual_seed(100 + seed)
+    prompt = [rng.randint(40, 300), rng.randint(40, 300)]
+    lens = [0, 0]
+    for _ in range(24):
+        rows = []
+        for r in range(2):
+            if lens[r] >= 500:
+                continue
+            q = 1 if lens[r] >= prompt[r] else min(rng.randint(1, 160), prompt[r] - lens[r])
+            rows.append((q, r))
+        if not rows:
+            break
+        rows.sort(key=lambda x: x[0] != 1)               # decodes first
+        order = [r for _, r in rows]
+        for q, r in rows:
+            lens[r] += q
+        step(s, bt[order], [q for q, _ in rows], [lens[r] for r in order], gen)
+        done = [r for r in range(2) if lens[r] >= S * P]
+        if done:
+            check_supers(s, bt[done], [lens[r] for r in done], S)

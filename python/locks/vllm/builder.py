@@ -71,8 +71,9 @@ class DecodeBuffers:
         self.block_table = torch.zeros(max_batch, max_blocks, dtype=i32, device=device)
         self.seq_lens = torch.ones(max_batch, dtype=i32, device=device)
         self.workspace = torch.zeros(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
-        self.super_table = (torch.zeros(max_batch, max(max_blocks // group_pages, 1), dtype=i32, device=device)
-                            if group_pages else None)
+        # ceil(max_blocks / S) columns: the plan's max_groups (the last group may be partial).
+        self.super_table = (torch.zeros(max_batch, max(-(-max_blocks // group_pages), 1), dtype=i32,
+                                        device=device) if group_pages else None)
 
 
 def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
