@@ -320,14 +320,18 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
 
 
 @needs_ops
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_supers_stay_right_under_random_schedules(monkeypatch, seed):
     """Random schedules of two requests (prompt chunks of 1-160 tokens, decodes, both in one
-    step with the decode rows first, as vLLM orders them), random S: after every step the slot
-    of every complete group holds what one bulk build over the current cache writes."""
+    step with the decode rows first, as vLLM orders them) under random settings (S, summary
+    precision and rank, sink / recent pages, model runner): after every step the slot of every
+    complete group holds what one bulk build over the current cache writes; a last decode step
+    equals the operator over those supers."""
     rng = random.Random(seed)
     S = rng.choice([2, 3, 4])
-    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0})
+    cfg = {"precision": rng.choice(["int4", "fp32"]), "budget": 64, "group_pages": S, "alpha": 1.0,
+           "sink_pages": rng.choice([0, 1]), "recent_pages": rng.choice([0, 1, 2]), "rank": rng.choice([4, 8])}
+    s = _make(monkeypatch, cfg, runner=rng.choice(["v1", "v2"]))
     bt, gen = tables(), torch.Generator().manual_seed(100 + seed)
     prompt = [rng.randint(40, 300), rng.randint(40, 300)]
     lens = [0, 0]
@@ -348,3 +352,13 @@ def test_supers_stay_right_under_random_schedules(monkeypatch, seed):
         done = [r for r in range(2) if lens[r] >= S * P]
         if done:
             check_supers(s, bt[done], [lens[r] for r in done], S)
+    # Then a decode step of both: the backend's step = the operator over bulk-built supers.
+    lens = [n + 1 for n in lens]
+    cm, md, q, out = step(s, bt, [1, 1], lens, gen)
+    sup, _ = bulk_supers(s, bt, lens, S)
+    want, _, pages, counts = locks.two_level.two_level_decode(
+        q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), sup, md.super_table[:2].contiguous(), bt,
+        cm.seq_lens, budget_tokens=64, sink_pages=cfg["sink_pages"], recent_pages=cfg["recent_pages"],
+        alpha=1.0, scale=1 / tb.D ** 0.5, return_selection=True)
+    assert torch.equal(md.bufs.counts[:2], counts)
+    assert ((out.double() - want.double()).abs() <= want.double().abs() * 2 ** -8 + 1e-5).all()
