@@ -3,7 +3,6 @@ step completed (the builder, no host sync), the super summaries the steps build 
 of the groups' last blocks (= one bulk build over the final cache), and the decode step through
 the compiled two-level operator (= the one-shot operator over those supers)."""
 import itertools
-import math
 import random
 
 import pytest
@@ -157,8 +156,7 @@ def test_two_level_logs_its_settings_and_cost(monkeypatch, caplog):
         step(s, bt, [40, 20], [40, 20], gen)
         step(s, bt, [1, 1], [41, 21], gen)                    # the first decode plans
     msg = [r.getMessage() for r in caplog.records if "LOCKS two-level" in r.getMessage()]
-    sup = sum(torch.empty((), dtype=dt).element_size() * math.prod(shape)
-              for _, dt, shape in s.impl.geom.super_fields())
+    sup = s.impl.geom.super_bytes_per_block
     assert len(msg) == 1 and f"group_pages 2, alpha 1, budget 64" in msg[0] and f"{sup} B a block a layer" in msg[0]
 
 
@@ -229,7 +227,7 @@ def test_side_cache_rows_carry_one_super_slot_each():
     g = SummaryGeometry(num_kv_heads=2, head_dim=128, group_pages=32)
     flat = SummaryGeometry(num_kv_heads=2, head_dim=128)
     assert flat.super_fields() == [] and g.page_fields() == flat.page_fields()
-    assert g.bytes_per_block == 2 * (836 + 1544)
+    assert g.bytes_per_block == 2 * (836 + 1544) and g.super_bytes_per_block == 2 * 1544
     nb = 7
     raw = torch.zeros(nb, g.page_size, g.token_bytes, dtype=torch.uint8)
     views = carve(raw, g)

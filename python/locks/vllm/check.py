@@ -562,7 +562,9 @@ def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min
     kept = max(min_groups, math.ceil(alpha * k / S)) + 2
     if budget >= ctx or C < 8 or kept >= C:
         return bytes_per_step(model, ctx, batch, budget, True)
-    sup = d + 4 + 8 * d // 2 + 4 * 8 + S * 8 + 4 * 8 + S + 4 + 2 * S * 8 + 4 * 8
+    from .side_cache import SummaryGeometry
+
+    sup = SummaryGeometry(num_kv_heads=1, head_dim=d, group_pages=S).super_bytes_per_block
     listed = kept * S + pages % S + 1
     per_layer = C * H * sup + listed * H * 836 * d / 128 + min(ctx, budget) * H * d * 2 * 2
     return 2 * params + batch * L * per_layer

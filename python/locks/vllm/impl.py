@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 
@@ -66,7 +65,7 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
     _logged_two_level = True
     from vllm.logger import init_logger
 
-    sup = sum(torch.empty((), dtype=dt).element_size() * math.prod(shape) for _, dt, shape in geom.super_fields())
+    sup = geom.super_bytes_per_block
     kv = 2 * geom.page_size * geom.num_kv_heads * geom.head_dim * torch.empty((), dtype=kv_dtype).element_size()
     init_logger(__name__).info(
         "LOCKS two-level: group_pages %d, alpha %g, budget %d; a super summary slot in each of the %d "

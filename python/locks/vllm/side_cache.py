@@ -21,6 +21,7 @@ including the few-block caches vLLM's V1 runner allocates while profiling memory
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -30,6 +31,11 @@ CODE_ALIGN = 16  # the CUDA kernels' vector loads of the code arrays (decoder.cu
 def field_align(dt: torch.dtype) -> int:
     e = torch.empty((), dtype=dt).element_size()
     return CODE_ALIGN if e == 1 else e
+
+
+def fields_bytes(fields) -> int:
+    """Bytes of one block's arrays, (name, dtype, per-block shape) each (alignment aside)."""
+    return sum(torch.empty((), dtype=dt).element_size() * math.prod(shape) for _, dt, shape in fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,14 +86,12 @@ class SummaryGeometry:
 
     @property
     def bytes_per_block(self) -> int:
-        n = 0
-        for _, dt, shape in self.fields():
-            e = torch.empty((), dtype=dt).element_size()
-            k = 1
-            for s in shape:
-                k *= s
-            n += k * e
-        return n
+        return fields_bytes(self.fields())
+
+    @property
+    def super_bytes_per_block(self) -> int:
+        """The super summary slot's share of bytes_per_block (0 without group_pages)."""
+        return fields_bytes(self.super_fields())
 
     @property
     def slack(self) -> int:
