@@ -125,6 +125,7 @@ TEST(SuperLayout, RejectsBadLayoutsAndConfigs) {
 TEST(SuperRule, GroupsKeptAndFallbacks) {
   TwoLevelConfig c;
   c.alpha = 2;  // min 4, flat below 8 groups
+  c.min_groups = 4;
   SelectConfig sel;
   sel.budget_tokens = 512;  // 32 page slots
   const int P = 16, S = 16;
