@@ -141,12 +141,15 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
 
 void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                       const float* head_scores, float* group_scores, const Selection& out) {
-  // Both calls' checks first, so that a bad call writes nothing.
+  // Both ops' checks once, first, so that a bad call writes nothing.
   check_call(plan, ws, batch, __func__);
   LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
                 " differs from the plan's ", plan.capacity);
-  aggregate_gqa(plan, ws, batch, head_scores, group_scores);
-  select_pages(plan, ws, batch, group_scores, out);
+  const DecodeParams& p = plan.params;
+  const detail::ThreadScratch sc = thread_scratch(plan, ws);
+  impl::aggregate_gqa(head_scores, batch, p.num_q_heads, p.cache.num_kv_heads, group_scores, sc);
+  impl::select_pages(group_scores, batch, p.cache.num_kv_heads, p.cache.page_size, p.select, out,
+                     sc);
 }
 
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
