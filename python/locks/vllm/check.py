@@ -488,7 +488,8 @@ def correct_h2(args) -> int:
     step falls back to every page) judged against FLASH_ATTN by the rule dense LOCKS is judged
     by (`judge_config`, `judge_tail`: identical tokens, or divergences at ties or within
     TRITON_ATTN's noise floor measured in the same run, and logprob deviations no wider than
-    TRITON_ATTN's); (b) passkeys at budget 512 with level 1 engaged (S 4, alpha 2: 16 of
+    TRITON_ATTN's); (b) passkeys at budget 512 with level 1 engaged (S 4, alpha 2, min_groups
+    pinned to 4 so that the default floor of 32 does not keep a third of the groups: 16 of
     62-123 groups kept, plus the forced ones) found as FLASH_ATTN finds them."""
     tok, ragged, pk_tasks, base = correctness_inputs()
     passkeys = [t[0] for t in pk_tasks]
@@ -504,7 +505,7 @@ def correct_h2(args) -> int:
         pk = [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}]
         fa = run_engine(f"h2-{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs + pk, env, args.out)
         dense_cfg = {"budget": 16384, "group_pages": 4}
-        sparse_cfg = {"budget": 512, "group_pages": 4, "alpha": 2.0}
+        sparse_cfg = {"budget": 512, "group_pages": 4, "alpha": 2.0, "min_groups": 4}
         lk = run_engine(f"h2-{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
                         additional_config={"locks": dense_cfg}), runs, env, args.out)
         tr = run_engine(f"h2-{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
