@@ -64,7 +64,8 @@ def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     # scheduler (which the stand-in ignores) out of the metadata builder.
     monkeypatch.setattr(fa_mod, "get_flash_attn_version", lambda *a, **k: None)
     S = 2
-    s = tb.make_setup(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
+    s = tb.make_setup(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
+                                    "min_groups": 4},
                       cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY, ops=locks, runner=runner, device=DEV)
     bt, gen = tables().to(DEV), torch.Generator().manual_seed(31)
     gstep(s, bt, [200, 90], [200, 90], gen)                  # prefill: groups at slot -1 skipped
@@ -93,4 +94,4 @@ def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     for got, w in zip(s.impl.side.supers(), want_sup):
         for x in slots:
             assert torch.equal(got[x], w[x])
-    step_matches_operator(s, md, q, out.view(2, HQ, D), bt, cm.seq_lens, want_sup, 64, 1.0)
+    step_matches_operator(s, md, q, out.view(2, HQ, D), bt, cm.seq_lens, want_sup)

@@ -95,11 +95,15 @@ def bulk_supers(s, bt, lens, S):
     return want, sorted({int(x) for _, x in rows})
 
 
-def step_matches_operator(s, md, q, out, bt, seq_lens, supers, budget, alpha, min_groups=4):
+def step_matches_operator(s, md, q, out, bt, seq_lens, supers):
     """The backend's last step (selection in md.bufs, output `out` [B, HQ, D] bf16) against
-    locks.two_level.two_level_decode over `supers`: the same pages, the output within one bf16
-    rounding of the operator's fp32 result. Returns that result."""
+    locks.two_level.two_level_decode over `supers` with the backend's own budget, alpha and
+    min_groups (read from its settings, so that a changed default cannot split the two): the
+    same pages, the output within one bf16 rounding of the operator's fp32 result. Returns
+    that result."""
     B = q.shape[0]
+    cfg = s.impl.settings
+    budget, alpha, min_groups = cfg.budget, cfg.alpha, cfg.min_groups
     want, _, pages, counts = locks.two_level.two_level_decode(
         q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), supers, md.super_table[:B].contiguous(), bt,
         seq_lens, budget_tokens=budget, alpha=alpha, min_groups=min_groups, scale=1 / tb.D ** 0.5,
@@ -182,7 +186,7 @@ def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch
     cm, md, q, out = step(s, bt, [1, 1], [481, 301], gen)
     want_sup, _ = bulk_supers(s, bt, [481, 301], S)
     sm = s.impl.side.summaries()
-    want, pages, counts = step_matches_operator(s, md, q, out, bt, cm.seq_lens, want_sup, 64, 1.0)
+    want, pages, counts = step_matches_operator(s, md, q, out, bt, cm.seq_lens, want_sup)
     dense = dense_of(s, q, bt, cm.seq_lens)
     assert (want[0].double() - dense[0]).abs().max() > 1e-2     # really sparse
     # Really two-level: flat LOCKS over the same summaries selects other pages here.
@@ -287,7 +291,7 @@ def test_prefix_hits_and_reused_blocks_keep_supers_right(monkeypatch):
     check_supers(s, bt[:1], [hit * P], S)                    # the shared groups untouched
     cm, md, q, out = step(s, b_table, [1], [301], gen)
     want_sup, _ = bulk_supers(s, b_table, [301], S)
-    step_matches_operator(s, md, q, out, b_table, cm.seq_lens, want_sup, 64, 1.0)
+    step_matches_operator(s, md, q, out, b_table, cm.seq_lens, want_sup)
     # Request A gone; C reuses A's blocks from page 12 on at positions 0.. with new tokens: C's
     # group j is A's group 6 + j's blocks and ends in the same block, whose slot holds A's stale
     # super until C's step completes the group and rebuilds it.
