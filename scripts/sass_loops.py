@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instruction mix of a kernel's loops, from SASS (no GPU needed).
 
-  scripts/sass_loops.py FILE.cu PATTERN [--top N]
+  scripts/sass_loops.py FILE.cu PATTERN [--top N] [--nested]
 
 Compiles FILE.cu for sm_90a to a cubin (nvcc, this repository's include paths), disassembles it
 with cuobjdump, and for every function whose mangled name contains PATTERN prints its
@@ -10,7 +10,9 @@ innermost first) with its length, its HMMA count and its opcodes by count. The i
 holding HMMA instructions is the stage loop of the tensor-core kernels (score_mma: one stage of
 4 pages a warp; super_score: one pass of 4 query heads). Static counts: a loop's dynamic
 instructions differ by the branches it skips (rare paths, e.g. score_mma's max-shifted
-log-sum-exp, count here but seldom run).
+log-sum-exp, count here but seldom run). --nested prints only the innermost loop holding HMMA
+and the innermost loop around it (super_score: one pass and one group), not counting the
+divergent-shuffle fallbacks (BRA.DIV branches and the copies they reach) as loops.
 
 cuobjdump is not in this machine's CUDA toolkit; PyPI's nvidia-cuda-cuobjdump holds it:
   pip download --no-deps nvidia-cuda-cuobjdump -d /tmp/w && unzip -o /tmp/w/*.whl -d /tmp/w
@@ -46,11 +48,36 @@ def opcode(ins: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
 
 
+def print_nested(ins, top: int) -> None:
+    ranges = []
+    for addr, t in ins:
+        m = re.search(r"BRA\s.*?(0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < addr and "BRA.DIV" not in t:
+            ranges.append((int(m.group(1), 16), addr))
+    body = lambda r: [u for b, u in ins if r[0] <= b <= r[1]]
+    # The divergent-shuffle fallbacks are out-of-line copies holding WARPSYNC.COLLECTIVE.
+    hmma = [r for r in ranges if any(opcode(u).startswith("HMMA") for u in body(r))
+            and not any(opcode(u) == "WARPSYNC.COLLECTIVE" for u in body(r))]
+    if not hmma:
+        print("  no loop holds HMMA")
+        return
+    inner = min(hmma, key=lambda r: r[1] - r[0])
+    around = [r for r in ranges if r != inner and r[0] <= inner[0] and r[1] >= inner[1]]
+    for label, r in [("inner", inner)] + ([("around", min(around, key=lambda r: r[1] - r[0]))]
+                                          if around else []):
+        mix = collections.Counter(opcode(u) for u in body(r))
+        hm = sum(v for k, v in mix.items() if k.startswith("HMMA"))
+        print(f"  {label} loop of {len(body(r))} (HMMA {hm}): " +
+              ", ".join(f"{k} {v}" for k, v in mix.most_common(top)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cu")
     ap.add_argument("pattern")
     ap.add_argument("--top", type=int, default=25, help="opcodes shown a loop")
+    ap.add_argument("--nested", action="store_true",
+                    help="only the innermost HMMA loop and the loop around it")
     a = ap.parse_args()
     found = 0
     for f in re.split(r"\n\s*Function : ", sass_of(a.cu)):
@@ -67,6 +94,9 @@ def main() -> int:
             if m and int(m.group(1), 16) < addr:
                 lo = int(m.group(1), 16)
                 loops.append([u for b, u in ins if lo <= b <= addr])
+        if a.nested:
+            print_nested(ins, a.top)
+            continue
         for body in sorted(loops, key=len):
             mix = collections.Counter(opcode(u) for u in body)
             hmma = sum(v for k, v in mix.items() if k.startswith("HMMA"))
