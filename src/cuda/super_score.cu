@@ -174,31 +174,41 @@ __device__ __forceinline__ void load_group(GroupRegs<RM, NW, PL, MODE>& g, const
   }
   g.mu_sc = A.mu_scale[gh];
   g.rsc = A.radius_scale[gh];
+  // The group's per-page rows from this lane's first page (gid); row r is 8 r pages on. Rows
+  // of RM codes at aligned addresses (a_rows) take 16-bit loads at compile-time offsets.
   const bool wide = m.a_rows != 0;
-  // The group's per-page rows from this lane's first page (gid); row r is 8 r pages on.
+  const int rs = wide ? RM : m.R;
   const int64_t first = gh * m.S + gid;
-  const int8_t* const co = A.coord_q + first * m.R;
-  const int8_t* const hi = A.hi_q + first * m.R;
-  const int8_t* const lo = A.lo_q + first * m.R;
+  const int8_t* const co = A.coord_q + first * rs;
+  const int8_t* const hi = A.hi_q + first * rs;
+  const int8_t* const lo = A.lo_q + first * rs;
   const uint8_t* const ra = A.radius_q + first;
+  auto row = [&](int r, int s, bool w, int R) {
+    const int off = 8 * r * R + 8 * s + 2 * tig;  // read only where the page exists
+    uint32_t x = 0, c = 0;
+    if constexpr (MODE == 0) {
+      x = load_pair(co + off, 0, R - 8 * s - 2 * tig, w);
+    } else {
+      x = load_pair(hi + off, 0, R - 8 * s - 2 * tig, w) |
+          load_pair(lo + off, 0, R - 8 * s - 2 * tig, w) << 16;
+      if constexpr (MODE == 2) c = load_pair(co + off, 0, R - 8 * s - 2 * tig, w);
+    }
+    g.pc[r][s] = x;
+    g.cc[r][MODE == 2 ? s : 0] = c;
+  };
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     const bool ok = gid + 8 * r < m.S;
-    const int off = 8 * r * m.R;  // read only where ok
 #pragma unroll
     for (int s = 0; s < MT; ++s) {
-      const int k0 = 8 * s + 2 * tig;
-      uint32_t x = 0, c = 0;
+      g.pc[r][s] = 0u;
+      g.cc[r][MODE == 2 ? s : 0] = 0u;
       if (ok) {
-        if constexpr (MODE == 0) {
-          x = load_pair(co + off, k0, m.R, wide);
-        } else {
-          x = load_pair(hi + off, k0, m.R, wide) | load_pair(lo + off, k0, m.R, wide) << 16;
-          if constexpr (MODE == 2) c = load_pair(co + off, k0, m.R, wide);
-        }
+        if (wide)
+          row(r, s, true, RM);
+        else
+          row(r, s, false, m.R);
       }
-      g.pc[r][s] = x;
-      g.cc[r][MODE == 2 ? s : 0] = c;
     }
     g.rad[r] = ok && radius ? ra[8 * r] : 0u;
   }
