@@ -98,9 +98,12 @@ class LocksConfig:
     obs_window: int = 32
     # selector "locks_h2" (two-level LOCKS, docs/study_hierarchical.md): a super summary per
     # group_pages pages (rank 8, extent layout), the best groups' pages scored from their page
-    # summaries; alpha: kept groups cover alpha x the budget's page slots (TwoLevelConfig).
+    # summaries; alpha: kept groups cover alpha x the budget's page slots; min_groups: the
+    # fewest kept groups (TwoLevelConfig; 32 keeps needles at budgets under ~800 tokens,
+    # docs/study_hierarchical.md "On a task suite").
     group_pages: int = 32
     alpha: float = 40.0
+    min_groups: int = 4
 
     def weighted_for(self, head_dim: int) -> bool:
         """Whether a layer of this head_dim builds query-weighted summaries."""
@@ -147,6 +150,7 @@ class LocksConfig:
             raise TypeError(f"locks: alpha must be a float, got {type(self.alpha).__name__}")
         if not 1.0 <= float(self.alpha) < float("inf"):
             raise ValueError(f"locks: alpha must be finite and >= 1, got {self.alpha}")
+        check_int("min_groups", self.min_groups, lo=1, where="locks")
         if self.budget is not None:
             check_int("budget", self.budget, lo=1, where="locks")
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
@@ -420,7 +424,8 @@ class LocksLayer(CacheLayerMixin):
                       tau=self.cfg.tau, floor_pages=self.cfg.floor_pages)
         if self.supers is not None and self.cfg.budget is not None:
             params.update(group_pages=self.cfg.group_pages, super_slots=self.supers[0].shape[0],
-                          super_rank=self.supers.basis_q.shape[2], alpha=float(self.cfg.alpha))
+                          super_rank=self.supers.basis_q.shape[2], alpha=float(self.cfg.alpha),
+                          min_groups=self.cfg.min_groups)
         if params != self._plan_params:
             self._wrapper = self._plans.wrapper(self._slot, params)
             self._plan_params = params

@@ -166,7 +166,7 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
          recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
          floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0, super_slots: int = 0,
-         super_rank: int = 8, alpha: float = 40.0) -> list[int]:
+         super_rank: int = 8, alpha: float = 40.0, min_groups: int = 4) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
     Element 0 is the workspace size the backend needs, element 1 the selection capacity.
     tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
@@ -175,7 +175,9 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
     page inside the same step (and graph), longer ones select (the capacity grows to hold the
     short ones' pages: select_capacity).
     group_pages > 0: a two-level plan for decode_two_level (locks.two_level): S pages a super-page,
-    super_slots super summaries stored, super_rank their rank, alpha the kept groups' share."""
+    super_slots super summaries stored, super_rank their rank, alpha the kept groups' share,
+    min_groups the fewest groups level 1 keeps (TwoLevelConfig; docs/study_hierarchical.md
+    recommends 32 at budgets under ~800 tokens)."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
@@ -191,7 +193,8 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
             check_int("recent_pages", recent_pages, lo=0), float(scale), check_tau(tau),
             check_int("floor_pages", floor_pages, lo=0), check_int("dense_below", dense_below, lo=0),
             check_int("group_pages", group_pages, lo=0), check_int("super_slots", super_slots, lo=0),
-            check_int("super_rank", super_rank, lo=1), _alpha(alpha))
+            check_int("super_rank", super_rank, lo=1), _alpha(alpha),
+            check_int("min_groups", min_groups, lo=1))
     if backend == "cuda":
         with torch.cuda.device(torch.device(device)):
             return list(_ops.plan(*args))

@@ -71,7 +71,7 @@ def super_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: tor
 def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, summaries,
                      supers, super_table: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, budget_tokens: int = 2048, sink_pages: int = 0,
-                     recent_pages: int = 0, alpha: float = 40.0, scale: float | None = None,
+                     recent_pages: int = 0, alpha: float = 40.0, min_groups: int = 4, scale: float | None = None,
                      out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                      return_selection: bool = False):
     """The two-level step, one shot (plans and allocates its workspace per call): returns
@@ -94,7 +94,8 @@ def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                rank=coeff.shape[3], precision=prec, kv_dtype=k_cache.dtype,
                budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
                scale=scale, device=q.device, group_pages=sup[4].shape[2],
-               super_slots=sup[0].shape[0], super_rank=sup[2].shape[2], alpha=alpha)
+               super_slots=sup[0].shape[0], super_rank=sup[2].shape[2], alpha=alpha,
+               min_groups=min_groups)
     ws = torch.empty(int(vec[0]) + ALIGN, dtype=torch.uint8, device=q.device)
     if out is None:
         out = torch.empty_like(q)

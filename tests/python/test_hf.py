@@ -164,6 +164,8 @@ def test_two_level_config_errors():
         lhf.LocksConfig(selector="locks_h2", group_pages=1).validate()
     with pytest.raises(ValueError, match="alpha"):
         lhf.LocksConfig(selector="locks_h2", alpha=0.5).validate()
+    with pytest.raises(ValueError, match="min_groups"):
+        lhf.LocksConfig(selector="locks_h2", min_groups=0).validate()
     with pytest.raises(TypeError, match="alpha"):
         lhf.LocksConfig(selector="locks_h2", alpha="4").validate()
 

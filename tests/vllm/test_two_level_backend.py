@@ -10,7 +10,7 @@ import torch
 
 import locks.vllm.library as lib
 from locks.vllm.builder import completed_groups
-from locks.vllm.settings import parse_settings
+from locks.vllm.settings import parse_settings, two_level_plan
 
 from test_backend_cpu import H, NB, P, dense_of, step, tables
 import test_backend_cpu as tb
@@ -63,6 +63,7 @@ def test_completed_groups_match_a_brute_force_walk():
     ({"group_pages": 1}, "group_pages"), ({"group_pages": 65}, "group_pages"),
     ({"group_pages": 32, "alpha": 0.5}, "alpha"), ({"group_pages": 32, "alpha": "many"}, "number"),
     ({"group_pages": 32, "alpha": float("nan")}, "finite"),
+    ({"group_pages": 32, "min_groups": 0}, "min_groups"), ({"group_pages": 32, "min_groups": 2.5}, "min_groups"),
     ({"group_pages": 32, "budget": 512, "min_context": 4096}, "min_context"),
 ])
 def test_two_level_settings_refused_with_the_setting_named(cfg, msg):
@@ -71,8 +72,10 @@ def test_two_level_settings_refused_with_the_setting_named(cfg, msg):
 
 
 def test_two_level_settings_from_the_environment():
-    s = parse_settings({"locks": {"group_pages": 16}}, environ={"LOCKS_GROUP_PAGES": "32", "LOCKS_ALPHA": "8"})
-    assert (s.group_pages, s.alpha) == (32, 8.0)
+    s = parse_settings({"locks": {"group_pages": 16}},
+                       environ={"LOCKS_GROUP_PAGES": "32", "LOCKS_ALPHA": "8", "LOCKS_MIN_GROUPS": "32"})
+    assert (s.group_pages, s.alpha, s.min_groups) == (32, 8.0, 32)
+    assert two_level_plan(s, 100)["min_groups"] == 32  # reaches the plan op
     assert parse_settings({}, environ={}).group_pages == 0  # flat LOCKS by default
 
 

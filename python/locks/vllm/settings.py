@@ -32,8 +32,10 @@ class LocksSettings:
     # device as groups fill, so that a step scores the groups first and reads page summaries
     # only inside the best ones. Pays at ~512K tokens and more (docs/vllm.md "Two-level").
     group_pages: int = 0
-    alpha: float = 40.0       # level 1 keeps max(4, ceil(alpha x budget pages / S)) groups besides
-                              # the forced ones (TwoLevelConfig::alpha, >= 1)
+    alpha: float = 40.0       # level 1 keeps max(min_groups, ceil(alpha x budget pages / S)) groups
+                              # besides the forced ones (TwoLevelConfig::alpha, >= 1)
+    min_groups: int = 4       # TwoLevelConfig::min_groups (>= 1); 32 keeps needles at budgets
+                              # under ~800 tokens (docs/vllm.md "Two-level LOCKS")
 
     @property
     def effective_min_context(self) -> int:
@@ -49,6 +51,7 @@ ENV = {  # setting -> environment variable
     "min_context": "LOCKS_MIN_CONTEXT",
     "group_pages": "LOCKS_GROUP_PAGES",
     "alpha": "LOCKS_ALPHA",
+    "min_groups": "LOCKS_MIN_GROUPS",
 }
 
 
@@ -129,6 +132,9 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
         if s.alpha < 1.0:
             raise ValueError(f"locks setting 'alpha' must be >= 1 (the kept groups must hold the budget), "
                              f"got {s.alpha}")
+        if s.min_groups < 1:
+            raise ValueError(f"locks setting 'min_groups' must be >= 1 (groups level 1 keeps at least), "
+                             f"got {s.min_groups}")
         if s.effective_min_context > s.budget:
             raise ValueError(f"locks setting 'min_context' = {s.min_context} > budget {s.budget} with "
                              "group_pages > 0: the two-level step keeps a minimum context only up to the "
@@ -141,4 +147,5 @@ def two_level_plan(s: LocksSettings, num_blocks: int) -> dict:
     summary slot a KV-cache block (side_cache.SummaryGeometry)."""
     if not s.group_pages:
         return {}
-    return dict(group_pages=s.group_pages, super_slots=num_blocks, super_rank=SUPER_RANK, alpha=s.alpha)
+    return dict(group_pages=s.group_pages, super_slots=num_blocks, super_rank=SUPER_RANK, alpha=s.alpha,
+                min_groups=s.min_groups)
