@@ -48,12 +48,19 @@ def opcode(ins: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
 
 
-def print_nested(ins, top: int) -> None:
+def loop_ranges(ins, skip_divergent: bool = False) -> list[tuple[int, int]]:
+    """(start, end) addresses of every loop: a branch back to an earlier address. skip_divergent:
+    not the BRA.DIV branches to the divergent-shuffle fallbacks."""
     ranges = []
     for addr, t in ins:
         m = re.search(r"BRA\s.*?(0x[0-9a-f]+)", t)
-        if m and int(m.group(1), 16) < addr and "BRA.DIV" not in t:
+        if m and int(m.group(1), 16) < addr and not (skip_divergent and "BRA.DIV" in t):
             ranges.append((int(m.group(1), 16), addr))
+    return ranges
+
+
+def print_nested(ins, top: int) -> None:
+    ranges = loop_ranges(ins, skip_divergent=True)
     body = lambda r: [u for b, u in ins if r[0] <= b <= r[1]]
     # The divergent-shuffle fallbacks are out-of-line copies holding WARPSYNC.COLLECTIVE.
     hmma = [r for r in ranges if any(opcode(u).startswith("HMMA") for u in body(r))
@@ -88,15 +95,10 @@ def main() -> int:
         ins = [(int(m.group(1), 16), m.group(2)) for m in
                (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", l) for l in f.split("\n")) if m]
         print(f"{name}\n  {len(ins)} instructions")
-        loops = []
-        for addr, t in ins:
-            m = re.search(r"BRA\s.*?(0x[0-9a-f]+)", t)
-            if m and int(m.group(1), 16) < addr:
-                lo = int(m.group(1), 16)
-                loops.append([u for b, u in ins if lo <= b <= addr])
         if a.nested:
             print_nested(ins, a.top)
             continue
+        loops = [[u for b, u in ins if lo <= b <= hi] for lo, hi in loop_ranges(ins)]
         for body in sorted(loops, key=len):
             mix = collections.Counter(opcode(u) for u in body)
             hmma = sum(v for k, v in mix.items() if k.startswith("HMMA"))

@@ -115,9 +115,9 @@ def test_selection_and_attention_over_it(sink, recent):
 
 
 def test_min_groups_keeps_more_groups_or_falls_back_to_flat():
-    """min_groups raises the kept groups (m = max(min_groups, ceil(alpha k / S))): at least as
-    many pages reach level 2, and a floor above the complete groups makes the step flat LOCKS
-    (the plan's fallback), selecting what the flat selection selects."""
+    """min_groups is the floor of the kept groups (m = max(min_groups, ceil(alpha k / S))): a
+    floor above the complete groups makes the step flat LOCKS (the plan's fallback), selecting
+    what the flat selection selects, where the default floor selects otherwise."""
     k, v, bt, sl, s, sup, table, gb, gs = setup(seed=3)
     q = torch.randn(len(LENS), 3 * H, D) * 2
     kw = dict(budget_tokens=128, alpha=2.0, return_selection=True)

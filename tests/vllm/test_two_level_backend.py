@@ -160,7 +160,8 @@ def test_two_level_logs_its_settings_and_cost(monkeypatch, caplog):
         step(s, bt, [1, 1], [41, 21], gen)                    # the first decode plans
     msg = [r.getMessage() for r in caplog.records if "LOCKS two-level" in r.getMessage()]
     sup = s.impl.geom.super_bytes_per_block
-    assert len(msg) == 1 and f"group_pages 2, alpha 1, budget 64" in msg[0] and f"{sup} B a block a layer" in msg[0]
+    assert len(msg) == 1 and f"group_pages 2, alpha 1, budget 64, min_groups 4" in msg[0]
+    assert f"{sup} B a block a layer" in msg[0]
 
 
 @needs_ops

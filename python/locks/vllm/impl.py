@@ -68,9 +68,9 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
     sup = geom.super_bytes_per_block
     kv = 2 * geom.page_size * geom.num_kv_heads * geom.head_dim * torch.empty((), dtype=kv_dtype).element_size()
     init_logger(__name__).info(
-        "LOCKS two-level: group_pages %d, alpha %g, budget %d; a super summary slot in each of the %d "
-        "blocks' side-cache rows, %d B a block a layer (%.1f%% of its K/V)", s.group_pages, s.alpha,
-        s.budget, num_blocks, sup, 100.0 * sup / kv)
+        "LOCKS two-level: group_pages %d, alpha %g, budget %d, min_groups %d; a super summary slot in "
+        "each of the %d blocks' side-cache rows, %d B a block a layer (%.1f%% of its K/V)", s.group_pages,
+        s.alpha, s.budget, s.min_groups, num_blocks, sup, 100.0 * sup / kv)
 
 
 def _attention_prefix() -> str | None:
