@@ -5,12 +5,15 @@
 
 Each line: the side (base / new; logs written before 54e476d have none), the binary, the row,
 the extra bench options, then the LOCKS step (ms), its ratio to dense, and the stage times (ms)
-of the row the bench printed. A binary that aborted prints its error instead.
+of the row the bench printed. Two-level rows (`--two-level`: "model context batch budget |")
+print the budget, the two-level step, its ratio to dense and its five stages. A binary that
+aborted prints its error instead.
 """
 import re
 import sys
 
 ROW = re.compile(r"^[A-Z][A-Za-z0-9.-]+ +\d+ +\d+ \|")
+TWO_LEVEL_ROW = re.compile(r"^[A-Z][A-Za-z0-9.-]+ +\d+ +\d+ +(\d+) \|")
 
 
 def main(paths):
@@ -22,6 +25,13 @@ def main(paths):
                 f = line.split()[3:]
                 side = f.pop(0) if f and f[0] in ("base", "new") else "-"
                 head = (side, f[0], " ".join(f[1:4]), " ".join(f[4:]))
+            elif TWO_LEVEL_ROW.match(line) and head:
+                budget = TWO_LEVEL_ROW.match(line).group(1)
+                parts = line.split("|")
+                ms, ratio, st = parts[1].split(), parts[2].split(), parts[3].split()
+                print(f"{head[0]:4} {head[1]:24} {head[2]:22} {head[3]:18} b {budget:>5} two {ms[2]} "
+                      f"x{ratio[1]} | lvl1 {st[0]} choice {st[1]} lvl2 {st[2]} aggsel {st[3]} "
+                      f"attn {st[4]}")
             elif ROW.match(line) and head:
                 parts = line.split("|")
                 lk, st = parts[1].split(), parts[2].split()

@@ -44,14 +44,16 @@ constexpr int kMaxRank = 8;   // kM - R >= 8 oversampling for the iteration's co
 constexpr int kMaxS = 64;     // pages a group (the level-1 kernel's limit too)
 constexpr int kP = 16;        // page size of the CUDA path
 constexpr int kMinIters = 4;  // iterations before the trace test may stop the loop
-// The stopping rule: on Gemma-3-270M's real keys (3 layers x 32K tokens, S 32, d 256) a
-// relative change of 1e-4 stops after 16 iterations on average (34 at most) with every
-// top-8 eigenvector whose eigenvalue is 1% of the largest apart from its neighbours within
-// cos 0.99999 of the exact one (1e-6 took 42 on average); keys without a gap in their
-// spectrum (i.i.d. noise) converge slowly and stop at the cap with the captured variance
-// within a fraction of a percent of the best.
-constexpr int kMaxIters = 48;
-constexpr float kTraceTol = 1e-4f;
+// The stopping rule, set by what reaches level 1: the basis is stored in int4, which alone
+// misses 2.6-4.5% of the top-8 variance on Gemma-3-270M's real keys (3 layers x 32K tokens,
+// S 32, d 256). A relative trace change of 1e-3 stops after 8.5 iterations on average (13 at
+// most) with the fp32 basis missing <= 7e-6 of it (1e-4: 16 / 36 iterations, 1e-7), the same
+// codes to three digits of captured variance after int4; i.i.d. keys (no spectral gap) stop
+// after 17 (1e-4: 35, many at the cap) missing 0.17% (docs/lab/results/
+// super_build_tolerance_2026-12-04/). Fewer iterations shorten the decode-time build, a
+// latency spike once per group.
+constexpr int kMaxIters = 24;
+constexpr float kTraceTol = 1e-3f;
 // A Gram-Schmidt column whose squared norm falls below this share of the largest one seen is
 // numerically in the span of the others (rank-deficient covariance): it is set to zero.
 constexpr float kRankTol = 1e-12f;

@@ -485,12 +485,15 @@ def correct_h2(args) -> int:
     """Two-level LOCKS (group_pages > 0) in the engine, SmolLM2-135M: per configuration, (a) a
     budget above every context with groups of 4 pages (64 tokens: the ragged prompts complete
     up to 31 groups, built in prefill chunks, mixed steps and graph-captured decode steps; the
-    step falls back to every page) token-identical to FLASH_ATTN like dense LOCKS; (b) passkeys
-    at budget 512 with level 1 engaged (S 4, alpha 2: 16 of 62-123 groups kept, plus the
-    forced ones) found as FLASH_ATTN finds them."""
+    step falls back to every page) judged against FLASH_ATTN by the rule dense LOCKS is judged
+    by (`judge_config`, `judge_tail`: identical tokens, or divergences at ties or within
+    TRITON_ATTN's noise floor measured in the same run, and logprob deviations no wider than
+    TRITON_ATTN's); (b) passkeys at budget 512 with level 1 engaged (S 4, alpha 2: 16 of
+    62-123 groups kept, plus the forced ones) found as FLASH_ATTN finds them."""
     tok, ragged, pk_tasks, base = correctness_inputs()
     passkeys = [t[0] for t in pk_tasks]
     report, ok = {"configs": {}}, True
+    pooled_lk, pooled_tr = [], []
     for name in args.configs.split(","):
         v2, graphs, pc = CORRECT_CONFIGS[name]
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
@@ -504,23 +507,27 @@ def correct_h2(args) -> int:
         sparse_cfg = {"budget": 512, "group_pages": 4, "alpha": 2.0}
         lk = run_engine(f"h2-{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
                         additional_config={"locks": dense_cfg}), runs, env, args.out)
+        tr = run_engine(f"h2-{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
         lk5 = run_engine(f"h2-{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
                          additional_config={"locks": sparse_cfg}), pk, env, args.out)
         entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "dense_settings": dense_cfg,
                  "sparse_settings": sparse_cfg, "max_num_batched_tokens": kw.get("max_num_batched_tokens")}
-        if fa is None or lk is None or lk5 is None:
+        if fa is None or lk is None or tr is None or lk5 is None:
             entry["error"] = "engine failed (see logs)"
             ok = False
         else:
-            cmp = compare_greedy(fa["runs"][0], lk["runs"][0])
-            entry["ragged_vs_flash_attn"] = cmp
+            cfg_ok, lk_vals, tr_vals = judge_config(entry, fa["runs"][:1], lk["runs"], tr["runs"])
+            ok &= cfg_ok
+            pooled_lk.extend(lk_vals)
+            pooled_tr.extend(tr_vals)
             fa_found = [t[1] in tok.decode(c) for t, c in zip(pk_tasks, fa["runs"][1]["tokens"])]
             lk_found = [t[1] in tok.decode(c) for t, c in zip(pk_tasks, lk5["runs"][0]["tokens"])]
             entry["passkey_b512"] = {"prompt_tokens": [len(p) for p in passkeys],
                                      "flash_attn_found": fa_found, "locks_h2_found": lk_found}
-            ok &= (cmp["identical"] == cmp["of"] or cmp["all_divergences_are_ties"]) and fa_found == lk_found
+            ok &= fa_found == lk_found
         report["configs"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
+    ok &= judge_tail(report, pooled_lk, pooled_tr)
     report["pass"] = bool(ok)
     json.dump(report, open(os.path.join(args.out, "vllm_correct_h2.json"), "w"), indent=1)
     print("VLLM CORRECT-H2", "PASS" if ok else "FAIL")
