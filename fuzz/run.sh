@@ -2,16 +2,16 @@
 # Runs the libFuzzer harnesses built in BUILD (default build-asan, scripts/test.sh's sanitizer
 # build; see fuzz/CMakeLists.txt):
 # each one first over every committed corpus file (fuzz/corpus/<name>/), then fuzzing for
-# SECONDS (default 45) from that corpus, the three harnesses at the same time (one process
+# SECONDS (default 45) from that corpus, the four harnesses at the same time (one process
 # each, sharing the machine's cores: on CI's 2 cores, 30 s of wall time gives each harness
-# ~20 s of CPU). New inputs go to a temporary folder, not the repo; a crash, sanitizer
+# ~15 s of CPU). New inputs go to a temporary folder, not the repo; a crash, sanitizer
 # report, leak, timeout (10 s an input) or out-of-memory (2 GB) fails the script and leaves
 # the input in BUILD/fuzz-artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-asan}"
 secs="${2:-45}"
-names=(npy capture cli)
+names=(npy capture cli decode)
 mkdir -p "$build/fuzz-artifacts"
 base=/dev/shm; [[ -d $base && -w $base ]] || base="${TMPDIR:-/tmp}"
 LOCKS_FUZZ_SCRATCH="$(mktemp -d "$base/locks_fuzz.XXXXXX")"

@@ -37,15 +37,15 @@ phase "Release build"
 phase "Release ctest"
 # The sanitizer build (-O1: CMakeLists.txt), with clang: its build + suite took 370 s on the CI
 # machine against gcc 12's 449 s at -O0 (2026-12-04). It also builds the libFuzzer harnesses
-# (fuzz/, issue #12: the .npy reader, the capture reader and the CLI option parser,
-# -fsanitize=fuzzer,address,undefined), which need clang.
+# (fuzz/, issue #12: the .npy reader, the capture reader, the CLI option parser and the CPU
+# decode contract, -fsanitize=fuzzer,address,undefined), which need clang.
 cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON \
   -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 phase "ASan build (and the fuzzers)"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
 phase "ASan ctest"
-# Every corpus file, then the three harnesses fuzzing for 30 s at the same time, ~20 s of CPU
+# Every corpus file, then the four harnesses fuzzing for 30 s at the same time, ~15 s of CPU
 # each on 2 cores (CI time; `fuzz/run.sh build-asan SECONDS` for longer runs).
 fuzz/run.sh build-asan 30
 phase "fuzzers"

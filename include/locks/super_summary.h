@@ -137,8 +137,13 @@ enum class GroupAgg : int { lse = 0, max = 1 };
 // was 0.013 of recall below flat LOCKS on Gemma-3's real keys, alpha 40 0.006; the target is
 // 0.01); at 1M tokens this costs 1.25 k * S page summaries (4.3 MB per KV head at b = 2048),
 // 1-4% of the GPU step against alpha 32, and the step stays ~60x under dense in bytes.
+// min_groups = 32: below ~400-token budgets (alpha k / S < 32) level 1 would keep only a few
+// groups; on Gemma-3-270M's retrieval tasks (16K and 32K, two seeds) 5-10 kept groups lost
+// needles flat LOCKS finds, 16 did not always keep them, 32 did (docs/study_hierarchical.md
+// "On a task suite"). 32 groups are 1,024 page summaries at level 2, little where two-level
+// pays; contexts of fewer than ~35 complete groups (~18K tokens at S 32) score flat.
 struct TwoLevelConfig {
-  int min_groups = 4;
+  int min_groups = 32;
   double alpha = 40.0;        // kept groups cover alpha x the budget's page slots
   int flat_below_groups = 8;  // fewer complete groups than this: flat scoring
   int first_groups = 1;       // always kept, on top of the m best (>= 0)

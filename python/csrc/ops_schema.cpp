@@ -24,7 +24,7 @@ TORCH_LIBRARY(locks, m) {
       "ScalarType kv_dtype, int rank, int precision, int num_q_heads, int max_batch, "
       "int max_blocks_per_seq, int budget_tokens, int sink_pages, int recent_pages, "
       "float scale, float tau=0.0, int floor_pages=1, int dense_below=0, int group_pages=0, "
-      "int super_slots=0, int super_rank=8, float alpha=40.0, int min_groups=4) -> int[]",
+      "int super_slots=0, int super_rank=8, float alpha=40.0, int min_groups=32) -> int[]",
       &locks_torch::plan);
   // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(

@@ -99,11 +99,11 @@ class LocksConfig:
     # selector "locks_h2" (two-level LOCKS, docs/study_hierarchical.md): a super summary per
     # group_pages pages (rank 8, extent layout), the best groups' pages scored from their page
     # summaries; alpha: kept groups cover alpha x the budget's page slots; min_groups: the
-    # fewest kept groups (TwoLevelConfig; 32 keeps needles at budgets under ~800 tokens,
-    # docs/study_hierarchical.md "On a task suite").
+    # fewest kept groups (TwoLevelConfig; the default 32 keeps needles at budgets under ~400
+    # tokens, where alpha alone keeps fewer: docs/study_hierarchical.md "On a task suite").
     group_pages: int = 32
     alpha: float = 40.0
-    min_groups: int = 4
+    min_groups: int = 32
 
     def weighted_for(self, head_dim: int) -> bool:
         """Whether a layer of this head_dim builds query-weighted summaries."""

@@ -166,7 +166,7 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
          recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
          floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0, super_slots: int = 0,
-         super_rank: int = 8, alpha: float = 40.0, min_groups: int = 4) -> list[int]:
+         super_rank: int = 8, alpha: float = 40.0, min_groups: int = 32) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
     Element 0 is the workspace size the backend needs, element 1 the selection capacity.
     tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
@@ -176,8 +176,8 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
     short ones' pages: select_capacity).
     group_pages > 0: a two-level plan for decode_two_level (locks.two_level): S pages a super-page,
     super_slots super summaries stored, super_rank their rank, alpha the kept groups' share,
-    min_groups the fewest groups level 1 keeps (TwoLevelConfig; docs/study_hierarchical.md
-    recommends 32 at budgets under ~800 tokens)."""
+    min_groups the fewest groups level 1 keeps (TwoLevelConfig; the default 32 keeps needles at
+    budgets under ~400 tokens: docs/study_hierarchical.md "On a task suite")."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)

@@ -71,7 +71,7 @@ def super_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: tor
 def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, summaries,
                      supers, super_table: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, budget_tokens: int = 2048, sink_pages: int = 0,
-                     recent_pages: int = 0, alpha: float = 40.0, min_groups: int = 4,
+                     recent_pages: int = 0, alpha: float = 40.0, min_groups: int = 32,
                      scale: float | None = None, out: torch.Tensor | None = None,
                      lse: torch.Tensor | None = None,
                      return_selection: bool = False):

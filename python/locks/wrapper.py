@@ -46,7 +46,7 @@ class DecodeWrapper:
              scale: float | None = None, device=None, tau: float = 0.0,
              floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0,
              super_slots: int = 0, super_rank: int = 8, alpha: float = 40.0,
-             min_groups: int = 4) -> "DecodeWrapper":
+             min_groups: int = 32) -> "DecodeWrapper":
         """Validate the shape and choose the kernels (once per batch shape; runs on the host,
         may query the GPU; never inside a graph capture). ValueError / NotImplementedError
         for a shape that is wrong / unsupported, ValueError when the workspace is too small.

@@ -2,6 +2,7 @@
 #include "plan_common.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "locks/error.h"
@@ -90,6 +91,25 @@ void check_plan_backend(const DecodePlan& plan, Backend backend, const char* whe
   if (plan.backend != backend)
     fail(where, "the plan is for backend ", backend_name(plan.backend), ", not ",
          backend_name(backend));
+}
+
+void check_regions(const DecodePlan& plan, const RegionNeed* regions, size_t n, const char* where) {
+  // [offset, end) of the non-empty regions, on the stack: run calls do not allocate.
+  std::array<std::pair<int64_t, int64_t>, kMaxRegions> spans;
+  size_t m = 0;
+  if (n > kMaxRegions) fail(where, "plan: ", n, " regions (at most ", kMaxRegions, ")");
+  for (size_t i = 0; i < n; ++i) {
+    const WorkspaceRegion& r = *regions[i].first;
+    const int64_t need = regions[i].second;
+    if (r.bytes < need || r.offset < 0 || r.offset % 256 != 0 ||
+        uint64_t(r.offset) + uint64_t(r.bytes) > plan.workspace_bytes)
+      fail(where, "plan: a workspace region of ", r.bytes, " bytes at ", r.offset, " (needs ", need,
+           " within ", plan.workspace_bytes, ")");
+    if (r.bytes > 0) spans[m++] = {r.offset, r.offset + r.bytes};
+  }
+  std::sort(spans.begin(), spans.begin() + m);
+  for (size_t i = 1; i < m; ++i)
+    if (spans[i].first < spans[i - 1].second) fail(where, "plan: workspace regions overlap");
 }
 
 void check_workspace(const DecodePlan& plan, const Workspace& ws, const char* where) {

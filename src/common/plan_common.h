@@ -3,7 +3,11 @@
 // libraries; the public contract is include/locks/contract.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <utility>
 
 #include "locks/plan.h"
 #include "locks/score.h"
@@ -13,6 +17,29 @@ namespace locks::detail {
 // Validates params for backend (InvalidArgument / Unsupported) and fills params (scale
 // resolved), backend, group and capacity.
 DecodePlan plan_common(const DecodeParams& params, Backend backend);
+
+// The product of non-negative factors, saturating at INT64_MAX: region sizes from the fields
+// of a plan vector a caller handed in, which may be any ints (no overflow, no wrap to small).
+inline int64_t sat_product(std::initializer_list<int64_t> factors) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t r = 1;
+  for (int64_t f : factors) {
+    if (f < 0) return kMax;
+    if (f == 0) return 0;
+    if (r > kMax / f)
+      r = kMax;
+    else
+      r *= f;
+  }
+  return r;
+}
+
+// A plan's workspace region and the bytes its run calls index there.
+using RegionNeed = std::pair<const WorkspaceRegion*, int64_t>;
+inline constexpr size_t kMaxRegions = 16;
+// Every region of regions[0, n <= kMaxRegions) lies inside plan.workspace_bytes and holds what it
+// needs, and no two non-empty regions overlap (a plan vector is caller input: plan.h, from_ints).
+void check_regions(const DecodePlan& plan, const RegionNeed* regions, size_t n, const char* where);
 
 // Hands out 256-byte aligned regions of a workspace in order.
 class RegionAlloc {

@@ -6,6 +6,7 @@
 #include "locks/error.h"
 #include "locks/plan.h"
 #include "locks/rules.h"
+#include "plan_common.h"
 
 namespace locks {
 namespace {
@@ -113,47 +114,41 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
   fields(p, [&](auto& x) { from_int(v[i++], x); });
   for (size_t j = i; j < n; ++j)  // room for later fields: a vector written by this version
     LOCKS_REQUIRE(v[j] == 0, "plan vector element ", j, " must be 0 (unused), got ", v[j]);
-  // Consistency: the fields a run call trusts.
+  // Consistency: the parameters pass every check plan_decode makes (plan_common: layouts,
+  // select rules, the backend's shape support, the two-level rules), and the fields derived
+  // from them are plan_common's. Regions are the backend's to check against what its run
+  // calls index (cpu: check_call; cuda: check_plan_fields); here only inside the workspace.
   const DecodeParams& q = p.params;
-  LOCKS_REQUIRE(
-      q.cache.page_size >= 1 && q.max_blocks_per_seq >= 1 && q.max_batch >= 1 &&
-          q.cache.num_kv_heads >= 1 &&
-          int64_t(q.num_q_heads) == int64_t(p.group) * q.cache.num_kv_heads && p.threads >= 1 &&
-          int(q.cache.dtype) >= 0 && int(q.cache.dtype) <= 2 &&
-          (q.summary.precision == Precision::fp32 || q.summary.precision == Precision::quant),
-      "inconsistent plan vector");
-  // The summary layout the scorers trust (basis_group indexes the basis scales).
-  validate_summary_layout(q.summary);
-  // The selection rules (tau, floor, budget) as validate_select states them; its error names
-  // the field.
-  validate_select(q.select, q.cache.page_size);
-  LOCKS_REQUIRE(p.capacity == rules::select_capacity(q.select.budget_tokens, q.cache.page_size,
-                                                     q.max_blocks_per_seq, q.select.dense_below),
-                "plan vector capacity ", p.capacity, " is not the budget rule's");
+  LOCKS_REQUIRE(q.scale > 0.0f, "plan vector scale ", q.scale, " is not a resolved scale");
+  DecodePlan base;
+  try {
+    base = detail::plan_common(q, p.backend);
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error& e) {  // Unsupported: a vector no plan_decode wrote
+    throw InvalidArgument(std::string("plan vector: ") + e.what());
+  }
+  LOCKS_REQUIRE(p.threads >= 1, "plan vector threads ", p.threads, " < 1");
+  LOCKS_REQUIRE(p.group == base.group, "plan vector group ", p.group,
+                " is not num_q_heads / num_kv_heads = ", base.group);
+  LOCKS_REQUIRE(p.capacity == base.capacity, "plan vector capacity ", p.capacity,
+                " is not the budget rule's");
+  if (q.two_level)
+    LOCKS_REQUIRE(p.list_cap == base.list_cap && p.max_groups == base.max_groups &&
+                      p.group_cluster >= 0 && p.group_cluster <= 8 &&
+                      (p.group_cluster & (p.group_cluster - 1)) == 0,
+                  "inconsistent two-level fields in the plan vector");
   for (const WorkspaceRegion* r :
        {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,
         &p.cand_key, &p.cand_idx, &p.cand_cnt, &p.part_o, &p.part_ml, &p.scratch})
     LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
-                      uint64_t(r->offset + r->bytes) <= p.workspace_bytes,
+                      uint64_t(r->offset) + uint64_t(r->bytes) <= p.workspace_bytes,
                   "plan vector region outside the workspace");
-  if (q.two_level) {  // the two-level fields a run call trusts
-    validate_super_layout(q.super);
-    validate_two_level(q.two);
-    LOCKS_REQUIRE(
-        q.super.page_size == q.cache.page_size && q.super.num_kv_heads == q.cache.num_kv_heads &&
-            q.super.head_dim == q.cache.head_dim &&
-            p.list_cap == two_level_list_capacity(q.two, q.select, q.cache.page_size,
-                                                  q.super.group_pages, q.max_blocks_per_seq) &&
-            p.max_groups ==
-                (q.max_blocks_per_seq + q.super.group_pages - 1) / q.super.group_pages &&
-            p.group_cluster >= 0 && p.group_cluster <= 8 &&
-            (p.group_cluster & (p.group_cluster - 1)) == 0,
-        "inconsistent two-level fields in the plan vector");
+  if (q.two_level)
     for (const WorkspaceRegion* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
       LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
-                        uint64_t(r->offset + r->bytes) <= p.workspace_bytes,
+                        uint64_t(r->offset) + uint64_t(r->bytes) <= p.workspace_bytes,
                     "plan vector region outside the workspace");
-  }
   return p;
 }
 

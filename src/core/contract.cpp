@@ -7,6 +7,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
+#include <utility>
 
 #include "internal/check.h"
 #include "internal/ops.h"
@@ -26,10 +29,74 @@ detail::ThreadScratch thread_scratch(const DecodePlan& plan, const Workspace& ws
   return sc;
 }
 
+constexpr size_t kRegions = 10, kTwoLevelRegions = 4;  // the last four: the two-level step's
+
+// The CPU plan's workspace regions in layout order (plan_decode's), with the bytes the run
+// calls index in each. The scratch and attention sizes come from the ops' own rules, called
+// only once the plain regions are known to fit the plan's workspace (bounded arguments).
+template <typename Plan>
+auto regions_of(Plan& plan, bool sized_by_ops) {
+  using R = std::conditional_t<std::is_const_v<Plan>, const WorkspaceRegion, WorkspaceRegion>;
+  using detail::sat_product;
+  const DecodeParams& p = plan.params;
+  const int64_t B = p.max_batch, Hq = p.num_q_heads, Hkv = p.cache.num_kv_heads,
+                M = p.max_blocks_per_seq, two = p.two_level ? 1 : 0;
+  int64_t shared = 0, scratch = 0;
+  if (sized_by_ops) {
+    const int Bi = p.max_batch, Mi = p.max_blocks_per_seq, d = p.cache.head_dim;
+    const int P = p.cache.page_size, r = p.summary.rank, G = plan.group;
+    shared = int64_t(impl::attention_shared_bytes(Bi, int(Hkv), int(Hq), Mi, d));
+    const size_t per_thread = detail::align_up(
+        std::max({impl::score_scratch_bytes(G, r, d, P), impl::aggregate_scratch_bytes(G, Mi),
+                  impl::select_scratch_bytes(Mi), impl::attention_scratch_bytes(P, d, G)}));
+    scratch = sat_product({int64_t(per_thread), plan.threads});
+  }
+  return std::array<std::pair<R*, int64_t>, kRegions>{{
+      {&plan.head_scores, sat_product({B, Hq, M, 4})},
+      {&plan.group_scores, sat_product({B, Hkv, M, 4})},
+      {&plan.pages, sat_product({B, Hkv, plan.capacity, 4})},
+      {&plan.counts, sat_product({B, Hkv, 4})},
+      {&plan.part_o, shared},  // the attention's chunk bookkeeping and states
+      {&plan.scratch, scratch},
+      {&plan.super_scores, sat_product({two, B, Hq, plan.max_groups, 4})},
+      {&plan.page_map, sat_product({two, B, Hkv, plan.list_cap, 4})},
+      {&plan.list_blocks, sat_product({two, B, Hkv, plan.list_cap, 4})},
+      {&plan.list_lens, sat_product({two, B, 4})},
+  }};
+}
+
+// A plan vector is caller input (plan.h): its regions must hold what the run indexes.
+void check_plan_regions(const DecodePlan& plan, const char* where) {
+  const auto plain = regions_of(plan, false);
+  detail::check_regions(plan, plain.data(), plain.size(), where);
+  const auto sized = regions_of(plan, true);
+  detail::check_regions(plan, sized.data(), sized.size(), where);
+}
+
+// The whole step selects into the workspace and copies the selection to the caller's
+// selection_out only once the attention has run: a call that fails writes neither.
+void check_selection_out(const DecodePlan& plan, const Selection* selection_out) {
+  if (!selection_out) return;
+  LOCKS_REQUIRE(selection_out->capacity == plan.capacity, "selection_out capacity ",
+                selection_out->capacity, " differs from the plan's ", plan.capacity);
+  LOCKS_REQUIRE(selection_out->pages && selection_out->counts, "selection_out is null");
+}
+
+Selection workspace_selection(const DecodePlan& plan, const Workspace& ws) {
+  return {region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts), plan.capacity};
+}
+
+void publish_selection(const Selection& from, const Selection* to, int64_t rows) {
+  if (!to) return;
+  std::copy_n(from.counts, rows, to->counts);
+  std::copy_n(from.pages, rows * from.capacity, to->pages);
+}
+
 void check_call(const DecodePlan& plan, const Workspace& ws, const BatchView& batch,
                 const char* where) {
   detail::check_plan_backend(plan, Backend::cpu, where);
   detail::check_workspace(plan, ws, where);
+  check_plan_regions(plan, where);
   detail::check_run_batch(plan, batch, where);
 }
 
@@ -38,27 +105,11 @@ void check_call(const DecodePlan& plan, const Workspace& ws, const BatchView& ba
 DecodePlan plan_decode(const DecodeParams& params) {
   DecodePlan plan = detail::plan_common(params, Backend::cpu);
   const DecodeParams& p = plan.params;
-  const int B = p.max_batch, M = p.max_blocks_per_seq, Hq = p.num_q_heads;
-  const int Hkv = p.cache.num_kv_heads, d = p.cache.head_dim, P = p.cache.page_size;
-  const int r = p.summary.rank, G = plan.group;
   plan.threads = std::max(1, omp_get_max_threads());
-  const size_t per_thread = detail::align_up(
-      std::max({impl::score_scratch_bytes(G, r, d, P), impl::aggregate_scratch_bytes(G, M),
-                impl::select_scratch_bytes(M), impl::attention_scratch_bytes(P, d, G)}));
   detail::RegionAlloc a;
-  plan.head_scores = a.add(int64_t(B) * Hq * M * 4);
-  plan.group_scores = a.add(int64_t(B) * Hkv * M * 4);
-  plan.pages = a.add(int64_t(B) * Hkv * plan.capacity * 4);
-  plan.counts = a.add(int64_t(B) * Hkv * 4);
-  // CPU: part_o holds the attention's chunk bookkeeping and states (bounded by M pages).
-  plan.part_o = a.add(int64_t(impl::attention_shared_bytes(B, Hkv, Hq, M, d)));
-  plan.scratch = a.add(int64_t(per_thread) * plan.threads);
-  if (p.two_level) {
-    plan.super_scores = a.add(int64_t(B) * Hq * plan.max_groups * 4);
-    plan.page_map = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
-    plan.list_blocks = a.add(int64_t(B) * Hkv * plan.list_cap * 4);
-    plan.list_lens = a.add(int64_t(B) * 4);
-  }
+  const auto regions = regions_of(plan, true);
+  const size_t n = p.two_level ? kRegions : kRegions - kTwoLevelRegions;
+  for (size_t i = 0; i < n; ++i) *regions[i].first = a.add(regions[i].second);
   plan.workspace_bytes = size_t(a.total());
   return plan;
 }
@@ -127,15 +178,10 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   detail::check_run_cache(plan, cache.layout, __func__);
   detail::check_run_summary(plan, summaries.layout, __func__);
   detail::check_run_query(plan, q, __func__);
-  validate_cache(cache);  // before the selection is written (its stride, K/V disjoint)
+  validate_cache(cache);
   LOCKS_REQUIRE(out.out != nullptr, "out.out is null");
-  Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
-                plan.capacity};
-  if (selection_out) {
-    LOCKS_REQUIRE(selection_out->capacity == plan.capacity, "selection_out capacity ",
-                  selection_out->capacity, " differs from the plan's ", plan.capacity);
-    sel = *selection_out;
-  }
+  check_selection_out(plan, selection_out);
+  const Selection sel = workspace_selection(plan, ws);
   float* hs = region_ptr<float>(ws, plan.head_scores);
   float* gs = region_ptr<float>(ws, plan.group_scores);
   const detail::ThreadScratch sc = thread_scratch(plan, ws);
@@ -145,6 +191,7 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   impl::select_pages(gs, batch, p.cache.num_kv_heads, p.cache.page_size, p.select, sel, sc);
   impl::decode_attention(cache, batch, q, p.scale, &sel, out, sc,
                          region_ptr<std::byte>(ws, plan.part_o), size_t(plan.part_o.bytes));
+  publish_selection(sel, selection_out, int64_t(batch.batch_size) * p.cache.num_kv_heads);
 }
 
 void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
@@ -161,14 +208,8 @@ void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& c
   validate_cache(cache);
   detail::check_batch_blocks(batch, cache.layout.num_blocks, cache.layout.page_size, __func__);
   LOCKS_REQUIRE(out.out != nullptr, "out.out is null");
-  Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
-                plan.capacity};
-  if (selection_out) {
-    LOCKS_REQUIRE(selection_out->capacity == plan.capacity, "selection_out capacity ",
-                  selection_out->capacity, " differs from the plan's ", plan.capacity);
-    LOCKS_REQUIRE(selection_out->pages && selection_out->counts, "selection_out is null");
-    sel = *selection_out;
-  }
+  check_selection_out(plan, selection_out);
+  const Selection sel = workspace_selection(plan, ws);
   const int B = batch.batch_size, Hkv = p.cache.num_kv_heads, Hq = p.num_q_heads;
   const int P = p.cache.page_size, S = p.super.group_pages, L = plan.list_cap;
   const SuperTableView table{super_table.table, super_table.stride, plan.max_groups};
@@ -200,6 +241,7 @@ void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& c
     }
   impl::decode_attention(cache, batch, q, p.scale, &sel, out, sc,
                          region_ptr<std::byte>(ws, plan.part_o), size_t(plan.part_o.bytes));
+  publish_selection(sel, selection_out, int64_t(B) * Hkv);
 }
 
 }  // namespace locks::cpu

@@ -181,11 +181,13 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
   // Chunks per (sequence, KV head), the offset of each one's first chunk state, and the
   // work items: (sequence, chunk index) up to the most chunks of any head of the sequence.
   std::vector<std::byte> owned;
+  const size_t head = impl::attention_shared_bytes(batch.batch_size, Hkv, 0, M, d);
   if (shared == nullptr) {
-    shared_bytes = impl::attention_shared_bytes(batch.batch_size, Hkv, 0, M, d);
+    shared_bytes = head;
     owned.resize(shared_bytes);
     shared = owned.data();
   }
+  LOCKS_REQUIRE(head <= shared_bytes, "attention workspace too small");  // before carving it
   detail::Carver carver(shared);
   int32_t* n_sel = carver.take<int32_t>(size_t(groups));
   int64_t* first = carver.take<int64_t>(size_t(groups) + 1);
@@ -209,7 +211,6 @@ void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q
   // Partial state per (sequence, KV head, chunk, query head of the group): [m, l, acc[d]].
   const int64_t stride = d + 2;
   const size_t n_part = size_t(first[size_t(groups)] * G * stride);
-  const size_t head = impl::attention_shared_bytes(batch.batch_size, Hkv, 0, M, d);
   std::vector<float> owned_part;
   float* part;
   if (!owned.empty()) {

@@ -5,7 +5,6 @@
 #include <array>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "kernels.cuh"
 #include "locks/error.h"
@@ -36,22 +35,23 @@ auto regions_of(Plan& plan) {
   const int64_t cand_chunks =
       p.two_level ? std::max(plan.select_chunks, plan.l2_select_chunks) : plan.select_chunks;
   const int64_t two = p.two_level ? 1 : 0;
+  using locks::detail::sat_product;
   return std::array<std::pair<R*, int64_t>, kRegions>{{
-      {&plan.head_scores, B * Hq * M * 4},
-      {&plan.chunk_lse, B * Hq * plan.score_chunks * 2 * 4},
-      {&plan.group_scores, B * Hkv * M * 4},
-      {&plan.head_lse, B * Hq * 4},
-      {&plan.pages, B * Hkv * cap * 4},
-      {&plan.counts, B * Hkv * 4},
-      {&plan.cand_key, B * Hkv * cand_chunks * cap * 4},
-      {&plan.cand_idx, B * Hkv * cand_chunks * cap * 4},
-      {&plan.cand_cnt, B * Hkv * cand_chunks * 4},
-      {&plan.part_o, B * Hq * splits * p.cache.head_dim * 4},
-      {&plan.part_ml, B * Hq * splits * 2 * 4},
-      {&plan.super_scores, two * B * Hq * plan.max_groups * 4},
-      {&plan.page_map, two * B * Hkv * plan.list_cap * 4},
-      {&plan.list_blocks, two * B * Hkv * plan.list_cap * 4},
-      {&plan.list_lens, two * B * 4},
+      {&plan.head_scores, sat_product({B, Hq, M, 4})},
+      {&plan.chunk_lse, sat_product({B, Hq, plan.score_chunks, 2, 4})},
+      {&plan.group_scores, sat_product({B, Hkv, M, 4})},
+      {&plan.head_lse, sat_product({B, Hq, 4})},
+      {&plan.pages, sat_product({B, Hkv, cap, 4})},
+      {&plan.counts, sat_product({B, Hkv, 4})},
+      {&plan.cand_key, sat_product({B, Hkv, cand_chunks, cap, 4})},
+      {&plan.cand_idx, sat_product({B, Hkv, cand_chunks, cap, 4})},
+      {&plan.cand_cnt, sat_product({B, Hkv, cand_chunks, 4})},
+      {&plan.part_o, sat_product({B, Hq, splits, p.cache.head_dim, 4})},
+      {&plan.part_ml, sat_product({B, Hq, splits, 2, 4})},
+      {&plan.super_scores, sat_product({two, B, Hq, plan.max_groups, 4})},
+      {&plan.page_map, sat_product({two, B, Hkv, plan.list_cap, 4})},
+      {&plan.list_blocks, sat_product({two, B, Hkv, plan.list_cap, 4})},
+      {&plan.list_lens, sat_product({two, B, 4})},
   }};
 }
 
@@ -101,16 +101,8 @@ void check_plan_fields(const DecodePlan& plan, const char* where) {
            plan.l2_select_cluster, ") are not plan_decode's");
   }
   // Every region holds what the kernels index with these fields, and no two overlap.
-  std::vector<std::pair<int64_t, int64_t>> spans;  // [offset, end) of the non-empty regions
-  for (const auto& [r, need] : regions_of(plan)) {
-    if (r->bytes < need || r->offset < 0 || uint64_t(r->offset + r->bytes) > plan.workspace_bytes)
-      fail(where, "plan: a workspace region of ", r->bytes, " bytes at ", r->offset, " (needs ",
-           need, " within ", plan.workspace_bytes, ")");
-    if (r->bytes > 0) spans.emplace_back(r->offset, r->offset + r->bytes);
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].first < spans[i - 1].second) fail(where, "plan: workspace regions overlap");
+  const auto regions = regions_of(plan);
+  locks::detail::check_regions(plan, regions.data(), regions.size(), where);
 }
 
 }  // namespace locks::cuda::detail

@@ -1,11 +1,13 @@
 // Plan vectors are untrusted input: the torch operators take them from Python as int[], so a
 // caller can hand in any list. Random mutations of a valid CPU plan vector (one to three
 // fields: off by a little, doubled, zero, -1, huge) are either refused by
-// DecodePlan::from_ints or by the run's checks with a locks::Error, or run cpu::decode within
-// the caller's buffers, which this test sizes from what the accepted plan asks for (CI runs it
-// in the ASan + UBSan build too, where a read or write outside them is a failure).
+// DecodePlan::from_ints or by the run's checks with a locks::Error, writing no output, or run
+// cpu::decode within the caller's buffers, which this test sizes from what the accepted plan
+// asks for (CI runs it in the ASan + UBSan build too, where a read or write outside them is a
+// failure), selecting real pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -53,15 +55,28 @@ TEST(PlanVectorMutations, AreRefusedOrRunInsideTheCallersBuffers) {
     std::vector<std::byte> ws_mem(ws_bytes + 256);
     void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws_mem.data()) + 255) &
                                          ~uintptr_t(255));
-    std::vector<float> out(size_t(B) * Hq * d), lse(size_t(B) * Hq);
-    std::vector<int32_t> pages(static_cast<size_t>(sel_n)), counts(size_t(B) * H);
+    std::vector<float> out(size_t(B) * Hq * d, -3.0f), lse(size_t(B) * Hq, -3.0f);
+    std::vector<int32_t> pages(static_cast<size_t>(sel_n), -7), counts(size_t(B) * H, -7);
     const Selection sel{pages.data(), counts.data(), plan.capacity};
     try {
       cpu::decode(plan, {base, ws_bytes}, t.view(), s.view(), t.bv(), t.qv(),
                   {out.data(), lse.data()}, &sel);
       ++ran;
+      for (int64_t row = 0; row < int64_t(B) * H; ++row) {  // a selection of real pages
+        const int n = counts[size_t(row)];
+        ASSERT_GE(n, 1);
+        ASSERT_LE(n, plan.capacity);
+        const int32_t* p = pages.data() + row * plan.capacity;
+        ASSERT_TRUE(std::is_sorted(p, p + n));
+        ASSERT_GE(p[0], 0);
+        ASSERT_LT(p[n - 1], (sp.seq_lens[size_t(row / H)] + 15) / 16);
+      }
     } catch (const Error&) {
-      ++refused_at_run;
+      ++refused_at_run;  // and wrote nothing (contract.h: outputs whole or not at all)
+      for (float x : out) ASSERT_EQ(x, -3.0f) << "a refused call wrote out";
+      for (float x : lse) ASSERT_EQ(x, -3.0f) << "a refused call wrote lse";
+      for (int32_t x : counts) ASSERT_EQ(x, -7) << "a refused call wrote counts";
+      for (int32_t x : pages) ASSERT_EQ(x, -7) << "a refused call wrote pages";
     }
   }
   // Some mutations leave a consistent plan (fields the CPU ignores, or changes the checks

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <random>
 
 #include "locks/contract.h"
 #include "locks/error.h"
 #include "locks/reference.h"
 #include "locks/super_summary.h"
+#include "plan_mutation.h"
 #include "test_util.h"
 
 namespace locks::test {
@@ -125,6 +128,7 @@ TEST(SuperLayout, RejectsBadLayoutsAndConfigs) {
 TEST(SuperRule, GroupsKeptAndFallbacks) {
   TwoLevelConfig c;
   c.alpha = 2;  // min 4, flat below 8 groups
+  c.min_groups = 4;
   SelectConfig sel;
   sel.budget_tokens = 512;  // 32 page slots
   const int P = 16, S = 16;
@@ -689,6 +693,82 @@ TEST(DecodeTwoLevel, PlanChecksAndIntsRoundTrip) {
       cpu::decode_two_level(flat, w, k.t.view(), k.ps.view(), k.s.store->view(), k.s.view(),
                             k.t.bv(), k.t.qv(), {out.data(), nullptr}, nullptr),
       InvalidArgument);
+}
+
+// Two-level plan vectors and super tables are caller input too (the torch operator
+// decode_two_level takes both from Python): random edits of a valid two-level plan vector (one
+// to three fields) and of the super table's slots are refused by from_ints or the run's checks
+// with a locks::Error, leaving every output as it was, or run inside the caller's buffers,
+// sized from what the accepted plan asks for (ASan + UBSan in CI: any access outside them
+// fails), with a selection of ascending pages inside each sequence.
+TEST(DecodeTwoLevel, PlanVectorAndTableMutationsAreRefusedOrRunInsideTheCallersBuffers) {
+  TwoLevelCase k(long_spec(false, 32));
+  TwoLevelConfig c;
+  c.min_groups = 2;
+  c.alpha = 1.0;
+  const SelectConfig sel{128, 1, 2};
+  const std::vector<int64_t> v0 = cpu::plan_decode(two_level_params(k, c, sel)).to_ints();
+  const TestCache& t = k.t;
+  const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, H = t.spec.num_kv_heads;
+  const int d = t.spec.head_dim;
+  const int64_t slots = k.s.store->layout().num_slots;
+  std::mt19937_64 rng(2024);
+  int accepted = 0, ran = 0, refused_at_run = 0;
+  for (int it = 0; it < 3000; ++it) {
+    std::optional<DecodePlan> edited;
+    std::vector<int32_t> table = k.s.table;
+    if (it % 3 == 2) {  // the plan as planned, one slot of the super table edited
+      edited = DecodePlan::from_ints(v0);
+      int32_t& x = table[rng() % table.size()];
+      const int64_t choices[] = {-2, -1, slots, slots + 1, int64_t(1) << 31 >> 1, x + 1};
+      x = int32_t(choices[rng() % 6]);
+    } else {
+      edited = edited_plan(v0, rng);
+    }
+    if (!edited) continue;
+    const DecodePlan& plan = *edited;
+    ++accepted;
+    const int64_t sel_n = int64_t(B) * H * plan.capacity;
+    if (plan.workspace_bytes > (size_t(64) << 20) || plan.capacity < 1 ||
+        sel_n > (int64_t(16) << 20))
+      continue;
+    std::vector<std::byte> ws_mem(plan.workspace_bytes + 256);
+    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws_mem.data()) + 255) &
+                                         ~uintptr_t(255));
+    std::vector<float> out(size_t(B) * Hq * d, -3.0f), lse(size_t(B) * Hq, -3.0f);
+    SelectionBuf got(B, H, plan.capacity);
+    const SuperTableView tv{table.data(), k.s.max_groups, k.s.max_groups};
+    try {
+      cpu::decode_two_level(plan, {base, plan.workspace_bytes}, t.view(), k.ps.view(),
+                            k.s.store->view(), tv, t.bv(), t.qv(), {out.data(), lse.data()},
+                            &got.sel);
+      ++ran;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+          const std::vector<int32_t> p = got.of(b, h, H);
+          ASSERT_GE(int(p.size()), 1);
+          ASSERT_LE(int(p.size()), plan.capacity);
+          ASSERT_TRUE(std::is_sorted(p.begin(), p.end()));
+          ASSERT_GE(p.front(), 0);
+          ASSERT_LT(p.back(), (t.bv().seq_lens[b] + 15) / 16);
+        }
+      for (float x : lse) ASSERT_TRUE(std::isfinite(x));
+    } catch (const Error& e) {
+      ++refused_at_run;
+      SCOPED_TRACE(std::string("it ") + std::to_string(it) + ": " + e.what());
+      for (float x : out) ASSERT_EQ(x, -3.0f) << "a refused call wrote out";
+      for (float x : lse) ASSERT_EQ(x, -3.0f) << "a refused call wrote lse";
+      for (int32_t x : got.counts) ASSERT_EQ(x, -7) << "a refused call wrote counts";
+      for (int32_t x : got.pages) ASSERT_EQ(x, -7) << "a refused call wrote pages";
+    }
+  }
+  std::printf(
+      "two-level plan / table mutations: %d accepted by from_ints, %d ran, %d refused by "
+      "the run\n",
+      accepted, ran, refused_at_run);
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(ran, 100);
+  EXPECT_GT(refused_at_run, 100);
 }
 
 }  // namespace

@@ -74,6 +74,7 @@ void run_choice_case(const ChoiceCase& c) {
   sel.recent_pages = c.recent;
   TwoLevelConfig two;
   two.first_groups = c.first_groups;
+  two.min_groups = 4;  // the cases' small group counts engage level 1 (the default is 32)
   const int L = two_level_list_capacity(two, sel, kP, S, M);
   test::Rng rng(7);
   std::vector<int32_t> table(size_t(B) * M);

@@ -40,7 +40,8 @@ TEST(LocksH2, ShortContextFallsBackToFlatLocks) {
 }
 
 // 16K tokens of needles (32 complete groups of 32 pages; budget 128 = 8 page slots, so level
-// 1 keeps 8 groups) through `methods`: one Aggregate per method, in order.
+// 1 keeps 8 groups under min_groups 4: "-m4", as the default floor of 32 would score all
+// pages) through `methods`: one Aggregate per method, in order.
 std::vector<Aggregate> needles_16k(int kv_heads, int q_heads, int head_dim,
                                    std::vector<std::string> methods) {
   auto l = test::synth_layer(SynthKind::needles, 16384, kv_heads, q_heads, head_dim, 4);
@@ -57,7 +58,7 @@ std::vector<Aggregate> needles_16k(int kv_heads, int q_heads, int head_dim,
 TEST(LocksH2, NeedlesWithinOneHundredthOfFlatAndFewerBytes) {
   // Head_dim 64 and one KV head keep it quick enough for the sanitizer build (measured: flat
   // 0.936, two-level 0.936).
-  const auto t = needles_16k(1, 4, 64, {"locks_quant", "locks_h2"});
+  const auto t = needles_16k(1, 4, 64, {"locks_quant", "h2-m4"});
   ASSERT_EQ(t.size(), 2u);
   EXPECT_GT(t[0].recall_mean, 0.5);  // the needles hold the mass
   EXPECT_GE(t[1].recall_mean, t[0].recall_mean - 0.01);
@@ -73,7 +74,7 @@ TEST(LocksH2, CentroidOnlyLevelOneLosesPlantedKeys) {
   // The losing design, kept as a variant: single planted keys diluted in their page's
   // centroid, which a centroid-only level 1 misses (measured: recall 0.004 against 0.93);
   // the extent keeps them.
-  const auto t = needles_16k(2, 8, 128, {"locks_quant", "locks_h2", "h2-cen"});
+  const auto t = needles_16k(2, 8, 128, {"locks_quant", "h2-m4", "h2-cen-m4"});
   ASSERT_EQ(t.size(), 3u);
   EXPECT_GT(t[0].recall_mean, 0.5);
   EXPECT_GE(t[1].recall_mean, t[0].recall_mean - 0.01);

@@ -140,7 +140,8 @@ def test_two_level_selector_is_exact_at_full_budget(smol):
     model, tok = smol
     text = corpus.text("gpl3")
     r = evaluate.side_by_side(model, tok, [text[:4000], text[5000:7000]], max_new_tokens=16,
-                              budget=8192, selector="locks_h2", group_pages=4, alpha=4.0)
+                              budget=8192, selector="locks_h2", group_pages=4, alpha=4.0,
+                              min_groups=4)
     assert r.agreement == 1.0, (r.first_divergence, r.full_text, r.locks_text)
 
 
@@ -152,7 +153,7 @@ def test_two_level_selector_tracks_fullkv(smol):
     model, tok = smol
     ids = corpus.token_ids(tok, "python", 2048 + 32)
     results, _ = evaluate.teacher_forced(model, ids, 2048, [256, 512], selectors=("locks_h2",),
-                                         group_pages=4, alpha=4.0)
+                                         group_pages=4, alpha=4.0, min_groups=4)
     for r, (agree, kl) in zip(results, [(0.65, 0.06), (0.85, 0.02)]):
         print(f"locks_h2 b={r.budget}: top-1 agreement {r.top1_agreement:.3f}, mean KL {r.mean_kl:.4f}")
         assert r.top1_agreement >= agree, r
@@ -179,7 +180,7 @@ def test_two_level_storage_growth_keeps_the_supers(smol):
     text = corpus.text("python")
     ids = tok(text, return_tensors="pt").input_ids[:, :2040]
     prompt = tok.decode(ids[0])
-    kw = dict(max_new_tokens=24, budget=256, selector="locks_h2", group_pages=4, alpha=4.0)
+    kw = dict(max_new_tokens=24, budget=256, selector="locks_h2", group_pages=4, alpha=4.0, min_groups=4)
     grown = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=0, **kw)
     roomy = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=512, **kw)
     assert grown.locks_text == roomy.locks_text

@@ -96,7 +96,7 @@ def test_selection_and_attention_over_it(sink, recent):
     budget = 128
     out, lse, pages, counts = two_level.two_level_decode(
         q, k, v, s, sup, table, bt, sl, budget_tokens=budget, sink_pages=sink, recent_pages=recent,
-        alpha=2.0, return_selection=True)
+        alpha=2.0, min_groups=4, return_selection=True)  # few groups: engage level 1
     for b, n in enumerate(LENS):
         npages = -(-n // P)
         for h in range(H):
@@ -117,11 +117,13 @@ def test_selection_and_attention_over_it(sink, recent):
 def test_min_groups_keeps_more_groups_or_falls_back_to_flat():
     """min_groups is the floor of the kept groups (m = max(min_groups, ceil(alpha k / S))): a
     floor above the complete groups makes the step flat LOCKS (the plan's fallback), selecting
-    what the flat selection selects, where the default floor selects otherwise."""
+    what the flat selection selects, where a floor of 4 selects otherwise; the default floor
+    (32) is above this test's complete groups, so it is flat too."""
     k, v, bt, sl, s, sup, table, gb, gs = setup(seed=3)
     q = torch.randn(len(LENS), 3 * H, D) * 2
     kw = dict(budget_tokens=128, alpha=2.0, return_selection=True)
-    base = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, **kw)
+    base = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, min_groups=4, **kw)
+    default = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, **kw)
     flat_all = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, min_groups=10 ** 6, **kw)
     flat = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=k.shape[0],
                                         max_batch=len(LENS), max_blocks_per_seq=bt.shape[1], budget_tokens=128)
@@ -129,7 +131,8 @@ def test_min_groups_keeps_more_groups_or_falls_back_to_flat():
     for b in range(len(LENS)):
         for h in range(H):
             assert torch.equal(flat_all[2][b, h, : int(flat_all[3][b, h])], fp[b, h, : int(fc[b, h])])
-    # Two-level with the default floor is really two-level here (another selection somewhere).
+            assert torch.equal(default[2][b, h, : int(default[3][b, h])], fp[b, h, : int(fc[b, h])])
+    # Two-level with a floor of 4 is really two-level here (another selection somewhere).
     assert any(not torch.equal(base[2][b, h, : int(base[3][b, h])], fp[b, h, : int(fc[b, h])])
                for b in range(len(LENS)) for h in range(H))
 
@@ -137,7 +140,7 @@ def test_min_groups_keeps_more_groups_or_falls_back_to_flat():
 def _plan(**kw):
     args = dict(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=200, max_batch=2,
                 max_blocks_per_seq=81, budget_tokens=128, group_pages=S, super_slots=32,
-                super_rank=R, alpha=2.0)
+                super_rank=R, alpha=2.0, min_groups=4)
     args.update(kw)
     return ops.plan(**args)
 
@@ -191,9 +194,10 @@ def test_wrapper_run_two_level_equals_the_one_shot_op():
                                      num_blocks=k.shape[0], max_batch=2,
                                      max_blocks_per_seq=bt.shape[1], kv_dtype=k.dtype,
                                      budget_tokens=128, group_pages=S, super_slots=len(gs),
-                                     super_rank=R, alpha=2.0)
+                                     super_rank=R, alpha=2.0, min_groups=4)
     out, lse = w.run_two_level(q, k, v, s, sup, table, bt, sl)
-    ro, rl = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, budget_tokens=128, alpha=2.0)
+    ro, rl = two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, budget_tokens=128, alpha=2.0,
+                                        min_groups=4)
     assert torch.equal(out, ro) and torch.equal(lse, rl)
     flat = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D,
                                         num_blocks=k.shape[0], max_batch=2,

@@ -95,14 +95,15 @@ def bulk_supers(s, bt, lens, S):
     return want, sorted({int(x) for _, x in rows})
 
 
-def step_matches_operator(s, md, q, out, bt, seq_lens, supers, budget, alpha):
+def step_matches_operator(s, md, q, out, bt, seq_lens, supers, budget, alpha, min_groups=4):
     """The backend's last step (selection in md.bufs, output `out` [B, HQ, D] bf16) against
     locks.two_level.two_level_decode over `supers`: the same pages, the output within one bf16
     rounding of the operator's fp32 result. Returns that result."""
     B = q.shape[0]
     want, _, pages, counts = locks.two_level.two_level_decode(
         q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), supers, md.super_table[:B].contiguous(), bt,
-        seq_lens, budget_tokens=budget, alpha=alpha, scale=1 / tb.D ** 0.5, return_selection=True)
+        seq_lens, budget_tokens=budget, alpha=alpha, min_groups=min_groups, scale=1 / tb.D ** 0.5,
+        return_selection=True)
     b = md.bufs
     assert torch.equal(b.counts[:B], counts)
     for i in range(B):
@@ -130,7 +131,8 @@ def test_supers_built_as_groups_fill_equal_one_bulk_build(monkeypatch, runner):
     then decode steps that complete groups one token at a time: the slot of every complete
     group holds what one bulk build over the final cache writes there."""
     S = 2  # groups of 32 tokens, so the small test cache holds many
-    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
+                            "min_groups": 4},
               runner=runner)
     bt, gen = tables(), torch.Generator().manual_seed(21)
     step(s, bt, [200, 90], [200, 90], gen)          # 6 + 2 groups (the second ends mid-group)
@@ -153,7 +155,8 @@ def test_two_level_logs_its_settings_and_cost(monkeypatch, caplog):
     import locks.vllm.impl as im
 
     monkeypatch.setattr(im, "_logged_two_level", False)
-    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": 2, "alpha": 1.0})
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": 2, "alpha": 1.0,
+                            "min_groups": 4})
     bt, gen = tables(), torch.Generator().manual_seed(25)
     with caplog.at_level("INFO"):
         step(s, bt, [40, 20], [40, 20], gen)
@@ -171,7 +174,8 @@ def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch
     selection, same output bits up to the bf16 store); really two-level (level 1 keeps fewer
     groups than there are) and really sparse."""
     S = 2
-    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0},
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
+                            "min_groups": 4},
               runner=runner)
     bt, gen = tables(), torch.Generator().manual_seed(22)
     step(s, bt, [480, 300], [480, 300], gen)
@@ -197,7 +201,8 @@ def test_two_level_budget_at_least_context_is_dense(monkeypatch, graphs):
     from vllm.config.compilation import CUDAGraphMode
 
     mode = CUDAGraphMode.FULL_DECODE_ONLY if graphs else CUDAGraphMode.NONE
-    s = _make(monkeypatch, {"precision": "int4", "budget": 512, "group_pages": 2, "alpha": 1.0},
+    s = _make(monkeypatch, {"precision": "int4", "budget": 512, "group_pages": 2, "alpha": 1.0,
+                            "min_groups": 4},
               cudagraph_mode=mode)
     bt, gen = tables(), torch.Generator().manual_seed(23)
     step(s, bt, [300, 200], [300, 200], gen)
@@ -270,7 +275,8 @@ def test_prefix_hits_and_reused_blocks_keep_supers_right(monkeypatch):
     ends. Both equal one bulk build over the requesting table, and the hit's step equals the
     operator over those supers."""
     S = 2
-    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0})
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
+                            "min_groups": 4})
     bt, gen = tables(), torch.Generator().manual_seed(24)
     step(s, bt[:1], [400], [400], gen)                       # request A: 12 groups (25 pages)
     hit = 12                                                 # pages shared: A's groups 0-5
@@ -326,13 +332,14 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
 def test_supers_stay_right_under_random_schedules(monkeypatch, seed):
     """Random schedules of two requests (prompt chunks of 1-160 tokens, decodes, both in one
     step with the decode rows first, as vLLM orders them) under random settings (S, summary
-    precision and rank, sink / recent pages, model runner): after every step the slot of every
-    complete group holds what one bulk build over the current cache writes; a last decode step
-    equals the operator over those supers."""
+    precision and rank, sink / recent pages, min_groups, model runner): after every step the
+    slot of every complete group holds what one bulk build over the current cache writes; a
+    last decode step equals the operator over those supers."""
     rng = random.Random(seed)
     S = rng.choice([2, 3, 4])
     cfg = {"precision": rng.choice(["int4", "fp32"]), "budget": 64, "group_pages": S, "alpha": 1.0,
-           "sink_pages": rng.choice([0, 1]), "recent_pages": rng.choice([0, 1, 2]), "rank": rng.choice([4, 8])}
+           "sink_pages": rng.choice([0, 1]), "recent_pages": rng.choice([0, 1, 2]), "rank": rng.choice([4, 8]),
+           "min_groups": rng.choice([1, 4, 32])}
     s = _make(monkeypatch, cfg, runner=rng.choice(["v1", "v2"]))
     bt, gen = tables(), torch.Generator().manual_seed(100 + seed)
     prompt = [rng.randint(40, 300), rng.randint(40, 300)]
@@ -361,6 +368,6 @@ def test_supers_stay_right_under_random_schedules(monkeypatch, seed):
     want, _, pages, counts = locks.two_level.two_level_decode(
         q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), sup, md.super_table[:2].contiguous(), bt,
         cm.seq_lens, budget_tokens=64, sink_pages=cfg["sink_pages"], recent_pages=cfg["recent_pages"],
-        alpha=1.0, scale=1 / tb.D ** 0.5, return_selection=True)
+        alpha=1.0, min_groups=cfg["min_groups"], scale=1 / tb.D ** 0.5, return_selection=True)
     assert torch.equal(md.bufs.counts[:2], counts)
     assert ((out.double() - want.double()).abs() <= want.double().abs() * 2 ** -8 + 1e-5).all()

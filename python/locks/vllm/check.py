@@ -556,7 +556,7 @@ def bytes_per_step(model, ctx, batch, budget, locks: bool):
     return w + summ + sel
 
 
-def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min_groups=4):
+def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min_groups=32):
     """The two-level step's bytes (the byte model of include/locks/super_summary.h's
     two_level_step_bytes, simplified): every complete group's super summary (1,544 B a KV head
     at d 128, S 32, R 8), the page summaries of the kept groups (the m best, the

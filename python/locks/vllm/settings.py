@@ -34,8 +34,8 @@ class LocksSettings:
     group_pages: int = 0
     alpha: float = 40.0       # level 1 keeps max(min_groups, ceil(alpha x budget pages / S)) groups
                               # besides the forced ones (TwoLevelConfig::alpha, >= 1)
-    min_groups: int = 4       # TwoLevelConfig::min_groups (>= 1); 32 keeps needles at budgets
-                              # under ~800 tokens (docs/vllm.md "Two-level LOCKS")
+    min_groups: int = 32      # TwoLevelConfig::min_groups (>= 1): the floor that keeps needles
+                              # at budgets under ~400 tokens (docs/vllm.md "Two-level LOCKS")
 
     @property
     def effective_min_context(self) -> int:
