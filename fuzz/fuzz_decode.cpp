@@ -1,12 +1,14 @@
-// libFuzzer harness of the CPU decode contract (contract.h): the input chooses the shape
-// (page size, heads, head_dim, dtype, GQA group, rank, precision), the selection rules
-// (budget, sinks, recent pages, tau, floor, minimum context), the two-level options (S, rank,
-// extent, alpha, min_groups, first groups, flat_below_groups), the batch the run is called
-// with (its size, block table, lengths) and whether a key or the query is non-finite. Each
-// call either succeeds, with a selection of ascending real pages of each sequence within
-// the capacity and a finite log-sum-exp where every input was finite, or throws a
-// locks::Error with every output as it was (contract.h: outputs whole or not at all). Any
-// other exception, a sanitizer report or an output touched by a refused call is a finding.
+// libFuzzer harness of the CPU decode contract (contract.h): the whole step (decode,
+// decode_two_level), or its ops one by one with a selection the caller may edit before the
+// attention. The input chooses the shape (page size, heads, head_dim, dtype, GQA group,
+// rank, precision), the selection rules (budget, sinks, recent pages, tau, floor, minimum
+// context), the two-level options (S, rank, extent, alpha, min_groups, first groups,
+// flat_below_groups), the batch the run is called with (its size, block table, lengths) and
+// whether a key or the query is non-finite. Each call either succeeds, with a selection of
+// ascending real pages of each sequence within the capacity and a finite log-sum-exp where
+// every input was finite, or throws a locks::Error with its outputs as they were (contract.h:
+// outputs whole or not at all). Any other exception, a sanitizer report or an output touched
+// by a refused call is a finding.
 #include <omp.h>
 
 #include <algorithm>
@@ -95,8 +97,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The modes first, so that short inputs reach every path.
   const int mode = in.u8();
   const bool two_level = (mode & 1) != 0;
-  const bool wild = (mode & 14) == 14;    // else lengths within the table and ids in range
-  const int nonfinite = (mode >> 4) % 8;  // 1: a NaN key, 2: an Inf in q
+  const bool wild = (mode & 14) == 14;      // else lengths within the table and ids in range
+  const int nonfinite = (mode >> 4) % 8;    // 1: a NaN key, 2: an Inf in q
+  const bool op_by_op = (mode & 128) != 0;  // flat: the ops one by one, a selection edited
   static const int kPageSizes[] = {16, 2, 4, 8, 32, 3};
   static const int kHeadDims[] = {32, 64, 96, 128, 256, 48};
   CacheLayout L;
@@ -210,12 +213,45 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const SuperTableView st{slots.data(), groups, groups};
         cpu::decode_two_level(plan, {ws, plan.workspace_bytes}, cache, summaries.view(),
                               supers.view(), st, batch, qv, {o.out.data(), o.lse.data()}, &sel);
+      } else if (op_by_op) {
+        // The contract's ops one by one (what the torch operators expose), each refused
+        // call leaving its own outputs untouched; then the attention over a selection the
+        // caller may have edited (it must refuse one that is not ascending real pages).
+        const Workspace w{ws, plan.workspace_bytes};
+        const size_t rows = size_t(B) * Hq * M;
+        std::vector<float> hs(rows, -5.0f), gs(size_t(B) * L.num_kv_heads * M, -5.0f);
+        auto all_are = [](const std::vector<float>& x, float v) {
+          return std::all_of(x.begin(), x.end(), [v](float y) { return y == v; });
+        };
+        try {
+          cpu::score_pages(plan, w, summaries.view(), batch, qv, hs.data());
+        } catch (const Error&) {
+          if (!all_are(hs, -5.0f)) std::abort();
+          throw;
+        }
+        try {
+          cpu::aggregate_select(plan, w, batch, hs.data(), gs.data(), sel);
+        } catch (const Error&) {
+          if (!all_are(gs, -5.0f) || !o.untouched()) std::abort();
+          throw;
+        }
+        const int edit = in.pick(4);  // 1: a page, 2: a count, 3: a page of another row
+        if (edit == 1 || edit == 3) o.pages[in.pick(int(o.pages.size()))] = in.i16();
+        if (edit == 2) o.counts[in.pick(int(o.counts.size()))] = in.i16();
+        const std::vector<float> out0 = o.out, lse0 = o.lse;
+        try {
+          cpu::decode_attention_sparse(plan, w, cache, batch, qv, sel,
+                                       {o.out.data(), o.lse.data()});
+        } catch (const Error&) {
+          if (o.out != out0 || o.lse != lse0) std::abort();
+          return 0;
+        }
       } else {
         cpu::decode(plan, {ws, plan.workspace_bytes}, cache, summaries.view(), batch, qv,
                     {o.out.data(), o.lse.data()}, &sel);
       }
     } catch (const Error&) {
-      if (!o.untouched()) std::abort();  // a refused call wrote an output
+      if (!op_by_op && !o.untouched()) std::abort();  // a refused call wrote an output
       return 0;
     }
     // Success: every row a selection of ascending real pages, finite where the inputs were.

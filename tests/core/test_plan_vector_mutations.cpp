@@ -7,7 +7,6 @@
 // failure), selecting real pages.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -47,36 +46,16 @@ TEST(PlanVectorMutations, AreRefusedOrRunInsideTheCallersBuffers) {
     if (!edited) continue;
     const DecodePlan& plan = *edited;
     ++accepted;
-    // The caller's buffers, as big as the accepted plan says (within 64 MB: larger requests
-    // are skipped, not run, to keep the test small); the run must stay inside them.
-    const size_t ws_bytes = plan.workspace_bytes;
-    const int64_t sel_n = int64_t(B) * H * plan.capacity;
-    if (ws_bytes > (size_t(64) << 20) || plan.capacity < 1 || sel_n > (int64_t(16) << 20)) continue;
-    std::vector<std::byte> ws_mem(ws_bytes + 256);
-    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws_mem.data()) + 255) &
-                                         ~uintptr_t(255));
-    std::vector<float> out(size_t(B) * Hq * d, -3.0f), lse(size_t(B) * Hq, -3.0f);
-    std::vector<int32_t> pages(static_cast<size_t>(sel_n), -7), counts(size_t(B) * H, -7);
-    const Selection sel{pages.data(), counts.data(), plan.capacity};
+    // The caller's buffers, as big as the accepted plan says; the run must stay inside them.
+    if (!StepBuffers::fits(plan, B, H)) continue;
+    StepBuffers buf(plan, B, Hq, H, d);
     try {
-      cpu::decode(plan, {base, ws_bytes}, t.view(), s.view(), t.bv(), t.qv(),
-                  {out.data(), lse.data()}, &sel);
+      cpu::decode(plan, buf.ws, t.view(), s.view(), t.bv(), t.qv(), buf.output(), &buf.sel);
       ++ran;
-      for (int64_t row = 0; row < int64_t(B) * H; ++row) {  // a selection of real pages
-        const int n = counts[size_t(row)];
-        ASSERT_GE(n, 1);
-        ASSERT_LE(n, plan.capacity);
-        const int32_t* p = pages.data() + row * plan.capacity;
-        ASSERT_TRUE(std::is_sorted(p, p + n));
-        ASSERT_GE(p[0], 0);
-        ASSERT_LT(p[n - 1], (sp.seq_lens[size_t(row / H)] + 15) / 16);
-      }
+      ASSERT_NO_FATAL_FAILURE(buf.expect_real_selection(t.bv(), H, sp.page_size));
     } catch (const Error&) {
-      ++refused_at_run;  // and wrote nothing (contract.h: outputs whole or not at all)
-      for (float x : out) ASSERT_EQ(x, -3.0f) << "a refused call wrote out";
-      for (float x : lse) ASSERT_EQ(x, -3.0f) << "a refused call wrote lse";
-      for (int32_t x : counts) ASSERT_EQ(x, -7) << "a refused call wrote counts";
-      for (int32_t x : pages) ASSERT_EQ(x, -7) << "a refused call wrote pages";
+      ++refused_at_run;
+      ASSERT_NO_FATAL_FAILURE(buf.expect_untouched());
     }
   }
   // Some mutations leave a consistent plan (fields the CPU ignores, or changes the checks

@@ -728,38 +728,19 @@ TEST(DecodeTwoLevel, PlanVectorAndTableMutationsAreRefusedOrRunInsideTheCallersB
     if (!edited) continue;
     const DecodePlan& plan = *edited;
     ++accepted;
-    const int64_t sel_n = int64_t(B) * H * plan.capacity;
-    if (plan.workspace_bytes > (size_t(64) << 20) || plan.capacity < 1 ||
-        sel_n > (int64_t(16) << 20))
-      continue;
-    std::vector<std::byte> ws_mem(plan.workspace_bytes + 256);
-    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws_mem.data()) + 255) &
-                                         ~uintptr_t(255));
-    std::vector<float> out(size_t(B) * Hq * d, -3.0f), lse(size_t(B) * Hq, -3.0f);
-    SelectionBuf got(B, H, plan.capacity);
+    if (!StepBuffers::fits(plan, B, H)) continue;
+    StepBuffers buf(plan, B, Hq, H, d);
     const SuperTableView tv{table.data(), k.s.max_groups, k.s.max_groups};
     try {
-      cpu::decode_two_level(plan, {base, plan.workspace_bytes}, t.view(), k.ps.view(),
-                            k.s.store->view(), tv, t.bv(), t.qv(), {out.data(), lse.data()},
-                            &got.sel);
+      cpu::decode_two_level(plan, buf.ws, t.view(), k.ps.view(), k.s.store->view(), tv, t.bv(),
+                            t.qv(), buf.output(), &buf.sel);
       ++ran;
-      for (int b = 0; b < B; ++b)
-        for (int h = 0; h < H; ++h) {
-          const std::vector<int32_t> p = got.of(b, h, H);
-          ASSERT_GE(int(p.size()), 1);
-          ASSERT_LE(int(p.size()), plan.capacity);
-          ASSERT_TRUE(std::is_sorted(p.begin(), p.end()));
-          ASSERT_GE(p.front(), 0);
-          ASSERT_LT(p.back(), (t.bv().seq_lens[b] + 15) / 16);
-        }
-      for (float x : lse) ASSERT_TRUE(std::isfinite(x));
+      ASSERT_NO_FATAL_FAILURE(buf.expect_real_selection(t.bv(), H, t.spec.page_size));
+      for (float x : buf.lse) ASSERT_TRUE(std::isfinite(x));
     } catch (const Error& e) {
       ++refused_at_run;
       SCOPED_TRACE(std::string("it ") + std::to_string(it) + ": " + e.what());
-      for (float x : out) ASSERT_EQ(x, -3.0f) << "a refused call wrote out";
-      for (float x : lse) ASSERT_EQ(x, -3.0f) << "a refused call wrote lse";
-      for (int32_t x : got.counts) ASSERT_EQ(x, -7) << "a refused call wrote counts";
-      for (int32_t x : got.pages) ASSERT_EQ(x, -7) << "a refused call wrote pages";
+      ASSERT_NO_FATAL_FAILURE(buf.expect_untouched());
     }
   }
   std::printf(

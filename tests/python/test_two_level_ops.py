@@ -204,3 +204,32 @@ def test_wrapper_run_two_level_equals_the_one_shot_op():
                                         max_blocks_per_seq=bt.shape[1], kv_dtype=k.dtype)
     with pytest.raises(ValueError, match="group_pages"):
         flat.run_two_level(q, k, v, s, sup, table, bt, sl)
+
+
+def test_plan_vector_with_an_edited_region_is_refused_and_writes_nothing():
+    """A plan vector is the caller's list (plan.h): one whose first workspace region (the head
+    scores, at offset 0) was shrunk is refused by the run's region check before any write,
+    and the step leaves out, lse, pages and counts as they were (outputs whole or not at all)."""
+    k, v, bt, sl, s, sup, table, gb, gs = setup()
+    B = len(LENS)
+    q = torch.randn(B, 3 * H, D)
+    vec = _plan(num_blocks=k.shape[0], max_blocks_per_seq=bt.shape[1], super_slots=len(gs),
+                kv_dtype=k.dtype)
+    need = B * 3 * H * bt.shape[1] * 4  # head scores [B, Hq, M] float32
+    at = [i for i in range(4, len(vec) - 1) if vec[i] == 0 and vec[i + 1] == need]
+    assert at, "the head-score region (offset 0, its bytes) is in the vector"
+    bad = list(vec)
+    bad[at[0] + 1] = 256
+    ws = torch.empty(ops.plan_workspace_bytes(vec), dtype=torch.uint8)
+    out, lse = torch.full_like(q, -3.0), torch.full((B, 3 * H), -3.0)
+    cap = vec[1]
+    pages, counts = torch.full((B, H, cap), -7, dtype=torch.int32), torch.full((B, H), -7, dtype=torch.int32)
+    with pytest.raises(ValueError, match="region"):
+        torch.ops.locks.decode_two_level(ws, bad, q, k, v, list(s), list(sup), table, bt, sl, out, lse,
+                                         pages, counts)
+    assert (out == -3.0).all() and (lse == -3.0).all()
+    assert (pages == -7).all() and (counts == -7).all()
+    # The vector as planned runs and writes them all.
+    torch.ops.locks.decode_two_level(ws, vec, q, k, v, list(s), list(sup), table, bt, sl, out, lse,
+                                     pages, counts)
+    assert torch.isfinite(lse).all() and (counts >= 1).all()
