@@ -106,6 +106,8 @@ struct SuperGroupF {
   std::vector<float> mu, basis, coord, radius, lo, hi;
 };
 SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head);
+// The same into `out`, reusing its vectors' capacity: a loop over groups allocates once.
+void super_dequantize_into(const SuperView& s, int64_t slot, int head, SuperGroupF& out);
 
 class SuperStore {
  public:

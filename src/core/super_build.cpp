@@ -34,6 +34,12 @@ int8_t outward(double x, double s, bool up) {
 }  // namespace
 
 SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head) {
+  SuperGroupF g;
+  super_dequantize_into(s, slot, head, g);
+  return g;
+}
+
+void super_dequantize_into(const SuperView& s, int64_t slot, int head, SuperGroupF& g) {
   const SuperLayout& l = s.layout;
   validate_super_layout(l);
   LOCKS_REQUIRE(slot >= 0 && slot < l.num_slots, "super slot ", slot, " out of range [0, ",
@@ -45,7 +51,6 @@ SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head) {
   LOCKS_REQUIRE(!l.extent || (s.lo_q && s.hi_q && s.extent_scale), "extent arrays are null");
   const int d = l.head_dim, R = l.rank, S = l.group_pages;
   const int64_t gh = slot * l.num_kv_heads + head;
-  SuperGroupF g;
   g.mu.resize(d);
   for (int c = 0; c < d; ++c) g.mu[c] = s.mu_scale[gh] * float(s.mu_q[gh * d + c]);
   g.basis.resize(size_t(R) * d);
@@ -75,8 +80,10 @@ SuperGroupF super_dequantize(const SuperView& s, int64_t slot, int head) {
         g.lo[size_t(p) * R + k] = sc * float(s.lo_q[(gh * S + p) * R + k]);
         g.hi[size_t(p) * R + k] = sc * float(s.hi_q[(gh * S + p) * R + k]);
       }
+  } else {
+    g.lo.clear();
+    g.hi.clear();
   }
-  return g;
 }
 
 namespace cpu {

@@ -52,53 +52,59 @@ void super_score(const SuperView& supers, const SuperTableView& table, const Bat
     }
   const float logP = std::log(float(P));
   const int64_t items = int64_t(batch.batch_size) * Hkv * MG;
-#pragma omp parallel for schedule(dynamic, 16) if (items >= 64)
-  for (int64_t item = 0; item < items; ++item) {
-    const int g = int(item % Hkv);
-    const int j = int((item / Hkv) % MG);
-    const int b = int(item / (int64_t(MG) * Hkv));
-    float* dst = group_head_scores + (int64_t(b) * Hq + int64_t(g) * G) * MG + j;
-    if (j >= complete_groups(batch.seq_lens[b], P, S)) {
-      for (int h = 0; h < G; ++h) dst[int64_t(h) * MG] = kNegInf;
-      continue;
-    }
-    const SuperGroupF sg = super_dequantize(supers, table.table[int64_t(b) * table.stride + j], g);
+  // Each thread decodes its groups into one SuperGroupF and scores with one set of rows, so
+  // the step allocates per thread, not per (sequence, group, KV head).
+#pragma omp parallel if (items >= 64)
+  {
+    SuperGroupF sg;
     std::vector<float> w(R), est(S), qrow(static_cast<size_t>(d));
-    for (int h = 0; h < G; ++h) {
-      const float* qh =
-          detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G + h, d), d, qrow.data());
-      const float qM = detail::dot(qh, sg.mu.data(), d);
-      float w2 = 0.0f;
-      for (int k = 0; k < R; ++k) {
-        w[k] = detail::dot(qh, sg.basis.data() + int64_t(k) * d, d);
-        w2 += w[k] * w[k];
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t item = 0; item < items; ++item) {
+      const int g = int(item % Hkv);
+      const int j = int((item / Hkv) % MG);
+      const int b = int(item / (int64_t(MG) * Hkv));
+      float* dst = group_head_scores + (int64_t(b) * Hq + int64_t(g) * G) * MG + j;
+      if (j >= complete_groups(batch.seq_lens[b], P, S)) {
+        for (int h = 0; h < G; ++h) dst[int64_t(h) * MG] = kNegInf;
+        continue;
       }
-      const float qperp = std::sqrt(std::max(detail::dot(qh, qh, d) - w2, 0.0f));
-      float m = kNegInf;
-      for (int p = 0; p < S; ++p) {
-        const float base = qM + float(cfg.gamma) * qperp * sg.radius[p];
-        float cen = base, ext = base;
-        for (int k = 0; k < R; ++k) cen += w[k] * sg.coord[size_t(p) * R + k];
-        if (cfg.use_extent)
-          for (int k = 0; k < R; ++k)
-            ext += std::max(w[k] * sg.hi[size_t(p) * R + k], w[k] * sg.lo[size_t(p) * R + k]);
-        if (!cfg.use_extent) {
-          est[p] = logP + scale * cen;
-        } else if (!cfg.mix) {
-          est[p] = logP + scale * ext;
-        } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
-          const float a = logP + scale * cen, b = scale * ext, hi = std::max(a, b);
-          est[p] = hi + std::log(std::exp(a - hi) + std::exp(b - hi));
+      super_dequantize_into(supers, table.table[int64_t(b) * table.stride + j], g, sg);
+      for (int h = 0; h < G; ++h) {
+        const float* qh =
+            detail::load_row(q.q, q.dtype, q.offset(b, int64_t(g) * G + h, d), d, qrow.data());
+        const float qM = detail::dot(qh, sg.mu.data(), d);
+        float w2 = 0.0f;
+        for (int k = 0; k < R; ++k) {
+          w[k] = detail::dot(qh, sg.basis.data() + int64_t(k) * d, d);
+          w2 += w[k] * w[k];
         }
-        m = std::max(m, est[p]);
+        const float qperp = std::sqrt(std::max(detail::dot(qh, qh, d) - w2, 0.0f));
+        float m = kNegInf;
+        for (int p = 0; p < S; ++p) {
+          const float base = qM + float(cfg.gamma) * qperp * sg.radius[p];
+          float cen = base, ext = base;
+          for (int k = 0; k < R; ++k) cen += w[k] * sg.coord[size_t(p) * R + k];
+          if (cfg.use_extent)
+            for (int k = 0; k < R; ++k)
+              ext += std::max(w[k] * sg.hi[size_t(p) * R + k], w[k] * sg.lo[size_t(p) * R + k]);
+          if (!cfg.use_extent) {
+            est[p] = logP + scale * cen;
+          } else if (!cfg.mix) {
+            est[p] = logP + scale * ext;
+          } else {  // log(P e^{scale cen} + e^{scale ext}), shifted by the larger term
+            const float a = logP + scale * cen, b = scale * ext, hi = std::max(a, b);
+            est[p] = hi + std::log(std::exp(a - hi) + std::exp(b - hi));
+          }
+          m = std::max(m, est[p]);
+        }
+        float score = m;
+        if (cfg.agg == GroupAgg::lse) {
+          float s = 0.0f;
+          for (int p = 0; p < S; ++p) s += std::exp(est[p] - m);
+          score = m + std::log(s);
+        }
+        dst[int64_t(h) * MG] = score;
       }
-      float score = m;
-      if (cfg.agg == GroupAgg::lse) {
-        float s = 0.0f;
-        for (int p = 0; p < S; ++p) s += std::exp(est[p] - m);
-        score = m + std::log(s);
-      }
-      dst[int64_t(h) * MG] = score;
     }
   }
 }
