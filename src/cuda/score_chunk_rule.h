@@ -1,7 +1,7 @@
 // Pages per scoring block: the sizes (kScoreChunk, kScoreChunkMin, the set the tensor-core
 // kernel is instantiated for) and the plan's rule from the grid size, as a pure host function (the
-// occupancy query that gives `slots` stays in score_mma_fp32.cu), so that it is unit-tested without a
-// GPU (tests/cuda/test_score_chunk_rule.cpp).
+// occupancy query that gives `slots` stays in score_mma_fp32.cu), so that it is unit-tested without
+// a GPU (tests/cuda/test_score_chunk_rule.cpp).
 #pragma once
 
 #include <cstdint>

@@ -149,7 +149,11 @@ struct GroupRegs {
   uint32_t cc[ROWS][MODE == 2 ? MT : 1];        // the coordinates (mixed)
   uint32_t rad[ROWS];                           // radius codes (0 unless gamma != 0)
   float mu_sc, rsc, bsc[MT], esc[MT], csc[MT];  // scales (rows gid + 8 m; 0 past the rank)
-  static constexpr int kWords = MT * NW + 2 + ROWS * MT * (MODE == 0 ? 1 : MODE == 1 ? 2 : 3) +
+  static constexpr int kWords = MT * NW + 2 +
+                                ROWS * MT *
+                                    (MODE == 0   ? 1
+                                     : MODE == 1 ? 2
+                                                 : 3) +
                                 ROWS + 2 + 3 * MT;
 };
 
