@@ -37,14 +37,22 @@ void check_args(const float* group_head_scores, const SuperTableView& table, con
     LOCKS_REQUIRE(!std::isnan(group_head_scores[i]), "group_head_scores[", i, "] is NaN");
 }
 
+// Rows of one call's group choice: sized once a call, reused by every (sequence, KV head).
+struct KeepRows {
+  std::vector<double> a;
+  std::vector<char> keep;
+  std::vector<int> order;
+};
+
 // The kept complete groups of (sequence b, KV head g) when the step is two-level (m >= 0):
-// the forced groups and the m best others by the share-averaged score.
-std::vector<char> kept_groups(const float* group_head_scores, int b, int g, int num_q_heads, int G,
-                              int MG, const ForcedGroups& f, int m) {
+// the forced groups and the m best others by the share-averaged score; in r.keep[0, C).
+const std::vector<char>& kept_groups(const float* group_head_scores, int b, int g, int num_q_heads,
+                                     int G, int MG, const ForcedGroups& f, int m, KeepRows& r) {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   const int C = f.complete;
   // Share-averaging: a_j = log((1/G) sum_h exp(s_hj - LSE_h)) over the complete groups.
-  std::vector<double> a(C, 0.0);
+  std::vector<double>& a = r.a;
+  a.assign(C, 0.0);
   for (int h = 0; h < G; ++h) {
     const float* s = group_head_scores + (int64_t(b) * num_q_heads + int64_t(g) * G + h) * MG;
     double mx = kNegInf;
@@ -55,9 +63,10 @@ std::vector<char> kept_groups(const float* group_head_scores, int b, int g, int 
     const double lse = mx + std::log(tot);
     for (int j = 0; j < C; ++j) a[j] += std::exp(double(s[j]) - lse);
   }
-  std::vector<char> keep(C, 0);
-  std::vector<int> order;
-  order.reserve(C);
+  std::vector<char>& keep = r.keep;
+  keep.assign(C, 0);
+  std::vector<int>& order = r.order;
+  order.clear();
   for (int j = 0; j < C; ++j) {
     if (j < f.first_end || j >= f.recent_begin)
       keep[j] = 1;
@@ -81,6 +90,7 @@ void select_groups(const float* group_head_scores, const SuperTableView& table,
   LOCKS_REQUIRE(page_mask != nullptr, "page_mask is null");
   const int S = group_pages, P = page_size, M = batch.max_blocks_per_seq;
   const int MG = table.max_groups_per_seq, G = num_q_heads / num_kv_heads;
+  KeepRows rows;
   for (int64_t bg = 0; bg < int64_t(batch.batch_size) * num_kv_heads; ++bg) {
     const int b = int(bg / num_kv_heads), g = int(bg % num_kv_heads);
     const int32_t len = batch.seq_lens[b];
@@ -93,7 +103,8 @@ void select_groups(const float* group_head_scores, const SuperTableView& table,
       continue;
     }
     const ForcedGroups f = forced_groups(cfg, sel, P, S, len);
-    const std::vector<char> keep = kept_groups(group_head_scores, b, g, num_q_heads, G, MG, f, m);
+    const std::vector<char>& keep =
+        kept_groups(group_head_scores, b, g, num_q_heads, G, MG, f, m, rows);
     for (int j = 0; j < f.complete; ++j)
       if (keep[j]) std::fill(mask + j * S, mask + (j + 1) * S, 1);
     std::fill(mask + f.complete * S, mask + n_pages, 1);  // the open group and the tail
@@ -120,6 +131,7 @@ void select_groups_list(const float* group_head_scores, const SuperTableView& ta
     LOCKS_REQUIRE(listed <= list_cap, "sequence ", b, " lists ", listed,
                   " pages, more than list_cap ", list_cap);
   }
+  KeepRows rows;
   for (int b = 0; b < batch.batch_size; ++b) {
     const int32_t len = batch.seq_lens[b];
     const int n_pages = rules::num_pages(len, P);
@@ -132,8 +144,8 @@ void select_groups_list(const float* group_head_scores, const SuperTableView& ta
       if (m < 0) {
         for (int p = 0; p < n_pages; ++p) map[n++] = p;
       } else {
-        const std::vector<char> keep =
-            kept_groups(group_head_scores, b, g, num_q_heads, G, MG, f, m);
+        const std::vector<char>& keep =
+            kept_groups(group_head_scores, b, g, num_q_heads, G, MG, f, m, rows);
         for (int j = 0; j < f.complete; ++j)
           if (keep[j])
             for (int p = j * S; p < (j + 1) * S; ++p) map[n++] = p;
