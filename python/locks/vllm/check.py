@@ -489,8 +489,8 @@ def correct_h2(args) -> int:
     by (`judge_config`, `judge_tail`: identical tokens, or divergences at ties or within
     TRITON_ATTN's noise floor measured in the same run, and logprob deviations no wider than
     TRITON_ATTN's); (b) passkeys at budget 512 with level 1 engaged (S 4, alpha 2, min_groups
-    pinned to 4 so that the default floor of 32 does not keep a third of the groups: 16 of
-    62-123 groups kept, plus the forced ones) found as FLASH_ATTN finds them."""
+    pinned to 4, since the default floor would keep 32 of the 62-123 groups: 16 kept, plus the
+    forced ones) found as FLASH_ATTN finds them."""
     tok, ragged, pk_tasks, base = correctness_inputs()
     passkeys = [t[0] for t in pk_tasks]
     report, ok = {"configs": {}}, True
