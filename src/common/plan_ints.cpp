@@ -138,17 +138,18 @@ DecodePlan DecodePlan::from_ints(const int64_t* v, size_t n) {
                       p.group_cluster >= 0 && p.group_cluster <= 8 &&
                       (p.group_cluster & (p.group_cluster - 1)) == 0,
                   "inconsistent two-level fields in the plan vector");
+  auto inside = [&](const WorkspaceRegion& r) {
+    LOCKS_REQUIRE(r.offset >= 0 && r.bytes >= 0 && r.offset % 256 == 0 &&
+                      uint64_t(r.offset) + uint64_t(r.bytes) <= p.workspace_bytes,
+                  "plan vector region outside the workspace");
+  };
   for (const WorkspaceRegion* r :
        {&p.head_scores, &p.group_scores, &p.pages, &p.counts, &p.chunk_lse, &p.head_lse,
         &p.cand_key, &p.cand_idx, &p.cand_cnt, &p.part_o, &p.part_ml, &p.scratch})
-    LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
-                      uint64_t(r->offset) + uint64_t(r->bytes) <= p.workspace_bytes,
-                  "plan vector region outside the workspace");
+    inside(*r);
   if (q.two_level)
     for (const WorkspaceRegion* r : {&p.super_scores, &p.page_map, &p.list_blocks, &p.list_lens})
-      LOCKS_REQUIRE(r->offset >= 0 && r->bytes >= 0 && r->offset % 256 == 0 &&
-                        uint64_t(r->offset) + uint64_t(r->bytes) <= p.workspace_bytes,
-                    "plan vector region outside the workspace");
+      inside(*r);
   return p;
 }
 
