@@ -12,12 +12,14 @@
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard). The knobs force
 //   a plan choice (DecodeParams); --attn-pps: selected pages per sparse attention block.
 //       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 40] [--group-cluster 0|1|2|4|8]
-//                        [--only M CONTEXT BATCH]
+//                        [--flat-below GROUPS] [--only M CONTEXT BATCH]
 //   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
 //   dense in the same run, per stage, at budgets 512 and 2048 (rows: Llama-3.1-8B 1M b1,
 //   GLM-4-9B 1M b1, Llama-3.1-8B 128K b8). The super summaries are built on the device from
 //   the row's random K (cuda::super_build, timed: every group, and one group a sequence), as
-//   the page summaries are.
+//   the page summaries are. --flat-below: TwoLevelConfig::flat_below_groups (rows with fewer
+//   complete groups score every page inside the two-level kernels; the level-2 list grows to
+//   hold them).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -167,6 +169,7 @@ struct Opts {
   bool two_level = false;
   int group_pages = 32;                   // --S
   double alpha = 40.0;                    // --alpha (TwoLevelConfig's default)
+  int flat_below = -1;                    // --flat-below: TwoLevelConfig::flat_below_groups
   int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
   int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
   int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
@@ -501,6 +504,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   p.select = SelectConfig{budget, 1, 2};
   p.two_level = true;
   p.two.alpha = o.alpha;
+  if (o.flat_below >= 0) p.two.flat_below_groups = o.flat_below;
   p.super = U;
   p.score_chunk_pages = o.score_chunk;  // level 2 too (and the flat step)
   p.select_cluster = o.select_cluster;
@@ -560,10 +564,13 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
 
 void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ctx, int only_batch) {
   std::printf(
-      "\ntwo-level step (S %d, alpha %.0f, R %d extent, budget b; sink 1, recent 2)\n%-13s %8s "
+      "\ntwo-level step (S %d, alpha %.0f, R %d extent, budget b; sink 1, recent 2; flat below %d "
+      "groups)\n%-13s %8s "
       "%3s %5s | %8s %8s %8s | %6s %6s | %7s %7s %7s %7s %7s | %5s %4s %3s %6s %6s\n",
-      o.group_pages, o.alpha, kRank, "model", "context", "B", "b", "dense", "flat", "two", "xflat",
-      "xtwo", "lvl1", "choice", "lvl2", "aggsel", "attn", "list", "l2cp", "cl", "pages", "xbytes");
+      o.group_pages, o.alpha, kRank,
+      o.flat_below >= 0 ? o.flat_below : TwoLevelConfig{}.flat_below_groups, "model", "context",
+      "B", "b", "dense", "flat", "two", "xflat", "xtwo", "lvl1", "choice", "lvl2", "aggsel", "attn",
+      "list", "l2cp", "cl", "pages", "xbytes");
   if (o.csv)
     std::fprintf(o.csv,
                  "model,context,batch,budget,dense_ms,flat_ms,two_level_ms,level1_ms,choice_ms,"
@@ -606,6 +613,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--group-cluster") == 0 && i + 1 < argc)
       o.group_cluster = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--alpha") == 0 && i + 1 < argc) o.alpha = std::atof(argv[i + 1]);
+    if (std::strcmp(argv[i], "--flat-below") == 0 && i + 1 < argc)
+      o.flat_below = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
       o.score_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));

@@ -37,7 +37,8 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                           int64_t max_blocks_per_seq, int64_t budget_tokens, int64_t sink_pages,
                           int64_t recent_pages, double scale, double tau, int64_t floor_pages,
                           int64_t dense_below, int64_t group_pages, int64_t super_slots,
-                          int64_t super_rank, double alpha, int64_t min_groups) {
+                          int64_t super_rank, double alpha, int64_t min_groups,
+                          int64_t flat_below_groups) {
   const locks::Backend be = to_backend(backend);
   TORCH_CHECK_VALUE(num_blocks >= 1, "num_blocks = ", num_blocks, " must be >= 1");
   TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= 0, "scale = ", scale,
@@ -76,6 +77,7 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
     p.super.extent = true;
     p.two.alpha = alpha;  // validated by plan_decode (validate_two_level)
     p.two.min_groups = to_int(min_groups, "min_groups", 1);
+    p.two.flat_below_groups = to_int(flat_below_groups, "flat_below_groups", 0);
   }
   const int r = to_int(rank, "rank", 1);
   const locks::Precision prec = to_precision(precision);

@@ -17,14 +17,15 @@ TORCH_LIBRARY(locks, m) {
   // tau: 0 = fixed budget, (0, 1] = adaptive (include/locks/select.h), floor_pages its floor;
   // dense_below: sequences shorter than this many tokens attend every page (0 = off).
   // group_pages > 0: a two-level plan (include/locks/super_summary.h: S pages a super-page,
-  // super_slots super summaries stored, rank super_rank, extent layout, alpha, min_groups; the
-  // other TwoLevelConfig fields at their defaults) for decode_two_level.
+  // super_slots super summaries stored, rank super_rank, extent layout, alpha, min_groups,
+  // flat_below_groups; the other TwoLevelConfig fields at their defaults) for decode_two_level.
   m.def(
       "plan(int backend, int num_blocks, int page_size, int num_kv_heads, int head_dim, "
       "ScalarType kv_dtype, int rank, int precision, int num_q_heads, int max_batch, "
       "int max_blocks_per_seq, int budget_tokens, int sink_pages, int recent_pages, "
       "float scale, float tau=0.0, int floor_pages=1, int dense_below=0, int group_pages=0, "
-      "int super_slots=0, int super_rank=8, float alpha=40.0, int min_groups=32) -> int[]",
+      "int super_slots=0, int super_rank=8, float alpha=40.0, int min_groups=32, "
+      "int flat_below_groups=8) -> int[]",
       &locks_torch::plan);
   // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(

@@ -100,10 +100,13 @@ class LocksConfig:
     # group_pages pages (rank 8, extent layout), the best groups' pages scored from their page
     # summaries; alpha: kept groups cover alpha x the budget's page slots; min_groups: the
     # fewest kept groups (TwoLevelConfig; the default 32 keeps needles at budgets under ~400
-    # tokens, where alpha alone keeps fewer: docs/study_hierarchical.md "On a task suite").
+    # tokens, where alpha alone keeps fewer: docs/study_hierarchical.md "On a task suite");
+    # flat_below_groups: sequences with fewer complete groups score every page (flat LOCKS
+    # inside the same step), where level 1 would cost more than it saves.
     group_pages: int = 32
     alpha: float = 40.0
     min_groups: int = 32
+    flat_below_groups: int = 8
 
     def weighted_for(self, head_dim: int) -> bool:
         """Whether a layer of this head_dim builds query-weighted summaries."""
@@ -151,6 +154,7 @@ class LocksConfig:
         if not 1.0 <= float(self.alpha) < float("inf"):
             raise ValueError(f"locks: alpha must be finite and >= 1, got {self.alpha}")
         check_int("min_groups", self.min_groups, lo=1, where="locks")
+        check_int("flat_below_groups", self.flat_below_groups, lo=0, where="locks")
         if self.budget is not None:
             check_int("budget", self.budget, lo=1, where="locks")
             need = (self.sink_pages + self.recent_pages + 1) * self.page_size
@@ -425,7 +429,8 @@ class LocksLayer(CacheLayerMixin):
         if self.supers is not None and self.cfg.budget is not None:
             params.update(group_pages=self.cfg.group_pages, super_slots=self.supers[0].shape[0],
                           super_rank=self.supers.basis_q.shape[2], alpha=float(self.cfg.alpha),
-                          min_groups=self.cfg.min_groups)
+                          min_groups=self.cfg.min_groups,
+                          flat_below_groups=self.cfg.flat_below_groups)
         if params != self._plan_params:
             self._wrapper = self._plans.wrapper(self._slot, params)
             self._plan_params = params

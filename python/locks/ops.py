@@ -166,7 +166,8 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
          kv_dtype: torch.dtype = torch.bfloat16, budget_tokens: int = 2048, sink_pages: int = 0,
          recent_pages: int = 0, scale: float | None = None, device="cpu", tau: float = 0.0,
          floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0, super_slots: int = 0,
-         super_rank: int = 8, alpha: float = 40.0, min_groups: int = 32) -> list[int]:
+         super_rank: int = 8, alpha: float = 40.0, min_groups: int = 32,
+         flat_below_groups: int = 8) -> list[int]:
     """The plan vector for one batch shape (host side; on CUDA it queries `device` once).
     Element 0 is the workspace size the backend needs, element 1 the selection capacity.
     tau > 0: the adaptive budget (include/locks/select.h): of the budget's scored pages, the
@@ -177,7 +178,9 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
     group_pages > 0: a two-level plan for decode_two_level (locks.two_level): S pages a super-page,
     super_slots super summaries stored, super_rank their rank, alpha the kept groups' share,
     min_groups the fewest groups level 1 keeps (TwoLevelConfig; the default 32 keeps needles at
-    budgets under ~400 tokens: docs/study_hierarchical.md "On a task suite")."""
+    budgets under ~400 tokens: docs/study_hierarchical.md "On a task suite"), flat_below_groups:
+    sequences with fewer complete groups score every page inside the same kernels (TwoLevelConfig;
+    the level-2 list grows to hold their pages), where level 1 would cost more than it saves."""
     backend = _backend(device)
     if scale is None:
         scale = 0.0  # the plan resolves 0 to 1/sqrt(head_dim)
@@ -194,7 +197,8 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
             check_int("floor_pages", floor_pages, lo=0), check_int("dense_below", dense_below, lo=0),
             check_int("group_pages", group_pages, lo=0), check_int("super_slots", super_slots, lo=0),
             check_int("super_rank", super_rank, lo=1), _alpha(alpha),
-            check_int("min_groups", min_groups, lo=1))
+            check_int("min_groups", min_groups, lo=1),
+            check_int("flat_below_groups", flat_below_groups, lo=0))
     if backend == "cuda":
         with torch.cuda.device(torch.device(device)):
             return list(_ops.plan(*args))

@@ -72,7 +72,7 @@ def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      supers, super_table: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, budget_tokens: int = 2048, sink_pages: int = 0,
                      recent_pages: int = 0, alpha: float = 40.0, min_groups: int = 32,
-                     scale: float | None = None, out: torch.Tensor | None = None,
+                     flat_below_groups: int = 8, scale: float | None = None, out: torch.Tensor | None = None,
                      lse: torch.Tensor | None = None,
                      return_selection: bool = False):
     """The two-level step, one shot (plans and allocates its workspace per call): returns
@@ -96,7 +96,7 @@ def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                budget_tokens=budget_tokens, sink_pages=sink_pages, recent_pages=recent_pages,
                scale=scale, device=q.device, group_pages=sup[4].shape[2],
                super_slots=sup[0].shape[0], super_rank=sup[2].shape[2], alpha=alpha,
-               min_groups=min_groups)
+               min_groups=min_groups, flat_below_groups=flat_below_groups)
     ws = torch.empty(int(vec[0]) + ALIGN, dtype=torch.uint8, device=q.device)
     if out is None:
         out = torch.empty_like(q)

@@ -46,7 +46,7 @@ class DecodeWrapper:
              scale: float | None = None, device=None, tau: float = 0.0,
              floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0,
              super_slots: int = 0, super_rank: int = 8, alpha: float = 40.0,
-             min_groups: int = 32) -> "DecodeWrapper":
+             min_groups: int = 32, flat_below_groups: int = 8) -> "DecodeWrapper":
         """Validate the shape and choose the kernels (once per batch shape; runs on the host,
         may query the GPU; never inside a graph capture). ValueError / NotImplementedError
         for a shape that is wrong / unsupported, ValueError when the workspace is too small.
@@ -54,7 +54,8 @@ class DecodeWrapper:
         per step and KV head, its capacity (the budget's) does not. dense_below: sequences
         shorter than that many tokens attend every page (a minimum context, in-graph).
         group_pages > 0: a two-level plan (run_two_level; locks.two_level): super summaries of
-        group_pages pages, super_slots of them stored, rank super_rank, alpha, min_groups."""
+        group_pages pages, super_slots of them stored, rank super_rank, alpha, min_groups,
+        flat_below_groups (locks.ops.plan)."""
         dev = self.workspace.device if device is None else _device(device)
         if _device(dev) != _device(self.workspace.device):
             raise ValueError(f"locks.DecodeWrapper.plan: device {dev} differs from the workspace's "
@@ -67,7 +68,7 @@ class DecodeWrapper:
                       dense_below=dense_below)
         if group_pages:
             params.update(group_pages=group_pages, super_slots=super_slots, super_rank=super_rank,
-                          alpha=alpha, min_groups=min_groups)
+                          alpha=alpha, min_groups=min_groups, flat_below_groups=flat_below_groups)
         p = ops.plan(**params)
         need = ops.plan_workspace_bytes(p)
         if self.workspace.numel() < need:

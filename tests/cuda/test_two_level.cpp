@@ -352,6 +352,16 @@ TEST(CudaTwoLevel, GlmShapeStageByStage) {
   run_case({2, 16, cfg(2.0, 1), {256, 1, 2}}, kLens);
 }
 
+// flat_below_groups above the kept groups (22 > m + F): the 20- and 16-group rows and
+// the short one score every page (the level-2 list grows to (22 + 1) x 8 = 184 positions to hold
+// them), the 24-group row stays two-level.
+TEST(CudaTwoLevel, FlatBelowGroupsGrowsTheList) {
+  SKIP_WITHOUT_GPU();
+  TwoLevelConfig t = cfg(2.0, 1);
+  t.flat_below_groups = 22;
+  run_case({8, 4, t, {256, 1, 2}}, kLens);
+}
+
 // The same stages over super summaries the GPU built (cuda::super_build) from the cache.
 TEST(CudaTwoLevel, GpuBuiltSuperSummaries) {
   SKIP_WITHOUT_GPU();

@@ -169,6 +169,22 @@ def test_two_level_config_errors():
         lhf.LocksConfig(selector="locks_h2", min_groups=0).validate()
     with pytest.raises(TypeError, match="alpha"):
         lhf.LocksConfig(selector="locks_h2", alpha="4").validate()
+    with pytest.raises(ValueError, match="flat_below_groups"):
+        lhf.LocksConfig(selector="locks_h2", flat_below_groups=-1).validate()
+
+
+def test_two_level_flat_below_groups_is_flat_locks(smol):
+    """flat_below_groups above every sequence's complete groups: the two-level selector scores
+    every page and generates what flat LOCKS generates, at a budget where level 1 would choose
+    (S 4, alpha 4: 16 of ~32 groups at b 256). That level 1 selects other pages without the
+    floor: tests/python/test_two_level_ops.py (the operator the drop-in plans)."""
+    model, tok = smol
+    ids = tok(corpus.text("python"), return_tensors="pt").input_ids[:, :2040]
+    prompt = tok.decode(ids[0])
+    kw = dict(max_new_tokens=24, budget=256, group_pages=4, alpha=4.0, min_groups=4)
+    flat = evaluate.side_by_side(model, tok, [prompt], selector="locks", **kw)
+    fb = evaluate.side_by_side(model, tok, [prompt], selector="locks_h2", flat_below_groups=10**6, **kw)
+    assert fb.locks_text == flat.locks_text
 
 
 def test_two_level_storage_growth_keeps_the_supers(smol):

@@ -137,6 +137,33 @@ def test_min_groups_keeps_more_groups_or_falls_back_to_flat():
                for b in range(len(LENS)) for h in range(H))
 
 
+def test_flat_below_groups_makes_shorter_rows_flat():
+    """flat_below_groups: a row with fewer complete groups scores every page (flat LOCKS inside
+    the two-level step), a row with at least that many stays two-level. LENS has 20 and 12
+    complete groups: 21 makes both rows flat, 13 the second only, 8 (the default) neither."""
+    k, v, bt, sl, s, sup, table, gb, gs = setup(seed=3)
+    q = torch.randn(len(LENS), 3 * H, D) * 2
+    kw = dict(budget_tokens=128, alpha=2.0, min_groups=4, return_selection=True)
+    flat = locks.DecodeWrapper.allocate(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=k.shape[0],
+                                        max_batch=len(LENS), max_blocks_per_seq=bt.shape[1], budget_tokens=128)
+    fp, fc = flat.select(q.float(), s, bt, sl)
+
+    def same_as_flat(res, b):
+        return all(torch.equal(res[2][b, h, : int(res[3][b, h])], fp[b, h, : int(fc[b, h])]) for h in range(H))
+
+    by = {fb: two_level.two_level_decode(q, k, v, s, sup, table, bt, sl, flat_below_groups=fb, **kw)
+          for fb in (8, 13, 21)}
+    assert [same_as_flat(by[21], b) for b in range(2)] == [True, True]
+    assert same_as_flat(by[13], 1) and not same_as_flat(by[13], 0)
+    assert not same_as_flat(by[8], 0) and not same_as_flat(by[8], 1)  # really two-level below
+    # The row at or above the floor selects as with the default floor.
+    assert torch.equal(by[13][2][0], by[8][2][0]) and torch.equal(by[13][3][0], by[8][3][0])
+    ro, rl = ref_attention(q, k, v, bt, sl, by[13][2], by[13][3])
+    assert torch.allclose(by[13][0].double(), ro, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="flat_below_groups"):
+        _plan(flat_below_groups=-1)
+
+
 def _plan(**kw):
     args = dict(num_q_heads=3 * H, num_kv_heads=H, head_dim=D, num_blocks=200, max_batch=2,
                 max_blocks_per_seq=81, budget_tokens=128, group_pages=S, super_slots=32,

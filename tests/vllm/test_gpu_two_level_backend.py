@@ -54,8 +54,10 @@ def gstep(s, bt, query_lens, seq_lens, gen):
     return cm, md, q, out.view(n, HQ, D)
 
 
-@pytest.mark.parametrize("runner", ["v2", "v1"])
-def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
+@pytest.mark.parametrize("runner,min_ctx", [("v2", None), ("v1", None), ("v2", 300)])
+def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner, min_ctx):
+    """min_ctx 300 (two_level_min_context; 10 groups of S 2): the ~92-132-token row decodes flat
+    inside the same graph, the ~352-392-token row two-level."""
     from vllm.config.compilation import CUDAGraphMode
 
     import vllm.v1.attention.backends.flash_attn as fa_mod
@@ -65,7 +67,7 @@ def test_gpu_two_level_backend_in_cuda_graphs(monkeypatch, runner):
     monkeypatch.setattr(fa_mod, "get_flash_attn_version", lambda *a, **k: None)
     S = 2
     s = tb.make_setup(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
-                                    "min_groups": 4},
+                                    "min_groups": 4, "two_level_min_context": min_ctx},
                       cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY, ops=locks, runner=runner, device=DEV)
     bt, gen = tables().to(DEV), torch.Generator().manual_seed(31)
     gstep(s, bt, [200, 90], [200, 90], gen)                  # prefill: groups at slot -1 skipped

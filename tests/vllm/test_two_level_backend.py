@@ -10,7 +10,7 @@ import torch
 
 import locks.vllm.library as lib
 from locks.vllm.builder import completed_groups
-from locks.vllm.settings import parse_settings, two_level_plan
+from locks.vllm.settings import flat_below_groups, parse_settings, two_level_plan
 
 from test_backend_cpu import H, NB, P, dense_of, step, tables
 import test_backend_cpu as tb
@@ -65,6 +65,9 @@ def test_completed_groups_match_a_brute_force_walk():
     ({"group_pages": 32, "alpha": float("nan")}, "finite"),
     ({"group_pages": 32, "min_groups": 0}, "min_groups"), ({"group_pages": 32, "min_groups": 2.5}, "min_groups"),
     ({"group_pages": 32, "budget": 512, "min_context": 4096}, "min_context"),
+    ({"group_pages": 32, "two_level_min_context": -1}, "two_level_min_context"),
+    ({"group_pages": 32, "two_level_min_context": 2**31}, "two_level_min_context"),
+    ({"group_pages": 32, "two_level_min_context": "long"}, "two_level_min_context"),
 ])
 def test_two_level_settings_refused_with_the_setting_named(cfg, msg):
     with pytest.raises(ValueError, match=msg):
@@ -77,6 +80,26 @@ def test_two_level_settings_from_the_environment():
     assert (s.group_pages, s.alpha, s.min_groups) == (32, 8.0, 32)
     assert two_level_plan(s, 100)["min_groups"] == 32  # reaches the plan op
     assert parse_settings({}, environ={}).group_pages == 0  # flat LOCKS by default
+
+
+@pytest.mark.parametrize("tokens,S,groups", [(None, 32, 8), (0, 32, 0), (1, 32, 1), (512, 32, 1),
+                                             (513, 32, 2), (262144, 32, 512), (262145, 16, 1025)])
+def test_two_level_min_context_in_whole_groups(tokens, S, groups):
+    """two_level_min_context (tokens) reaches the plan as TwoLevelConfig::flat_below_groups,
+    rounded up to whole groups of 16 S tokens: a sequence of L tokens has floor(L / (16 S))
+    complete groups, so it takes level 1 exactly when L >= that many groups' tokens."""
+    s = parse_settings({"locks": {"group_pages": S, "two_level_min_context": tokens}}, environ={})
+    assert s.two_level_min_context == tokens
+    assert flat_below_groups(s) == groups
+    assert two_level_plan(s, 100)["flat_below_groups"] == groups
+    if tokens is not None and groups:
+        for L in (tokens - 1, tokens, groups * 16 * S - 1, groups * 16 * S):
+            assert ((L // 16) // S >= groups) == (L >= groups * 16 * S)
+    env = parse_settings({"locks": {"group_pages": 32}}, environ={"LOCKS_TWO_LEVEL_MIN_CONTEXT": "1024"})
+    assert flat_below_groups(env) == 2
+    none = parse_settings({"locks": {"group_pages": 32, "two_level_min_context": 4096}},
+                          environ={"LOCKS_TWO_LEVEL_MIN_CONTEXT": "none"})
+    assert none.two_level_min_context is None
 
 
 def _make(monkeypatch, cfg, **kw):
@@ -106,8 +129,8 @@ def step_matches_operator(s, md, q, out, bt, seq_lens, supers):
     budget, alpha, min_groups = cfg.budget, cfg.alpha, cfg.min_groups
     want, _, pages, counts = locks.two_level.two_level_decode(
         q.float(), s.kv[0], s.kv[1], s.impl.side.summaries(), supers, md.super_table[:B].contiguous(), bt,
-        seq_lens, budget_tokens=budget, alpha=alpha, min_groups=min_groups, scale=1 / tb.D ** 0.5,
-        return_selection=True)
+        seq_lens, budget_tokens=budget, alpha=alpha, min_groups=min_groups,
+        flat_below_groups=flat_below_groups(cfg), scale=1 / tb.D ** 0.5, return_selection=True)
     b = md.bufs
     assert torch.equal(b.counts[:B], counts)
     for i in range(B):
@@ -195,6 +218,32 @@ def test_two_level_decode_equals_the_operator_over_bulk_built_supers(monkeypatch
     fp, fc = flat.select(q.float(), sm, bt, cm.seq_lens)
     assert any(not torch.equal(fp[i, h, : int(fc[i, h])], pages[i, h, : int(counts[i, h])])
                for i in range(2) for h in range(H))
+
+
+@needs_ops
+@pytest.mark.parametrize("min_ctx,flat_rows", [(1024, [0, 1]), (400, [1])])
+def test_two_level_min_context_decodes_shorter_rows_flat(monkeypatch, min_ctx, flat_rows):
+    """Rows shorter than two_level_min_context select what flat LOCKS selects (the two-level
+    step scores their every page), longer rows stay two-level; the step equals the operator
+    planned with the same flat_below_groups. S 2: 481 tokens = 15 complete groups, 301 = 9;
+    1024 tokens = 32 groups (both rows flat), 400 = 13 (row 1 flat)."""
+    S = 2
+    s = _make(monkeypatch, {"precision": "int4", "budget": 64, "group_pages": S, "alpha": 1.0,
+                            "min_groups": 4, "two_level_min_context": min_ctx})
+    bt, gen = tables(), torch.Generator().manual_seed(22)
+    step(s, bt, [480, 300], [480, 300], gen)
+    cm, md, q, out = step(s, bt, [1, 1], [481, 301], gen)
+    want_sup, _ = bulk_supers(s, bt, [481, 301], S)
+    _, pages, counts = step_matches_operator(s, md, q, out, bt, cm.seq_lens, want_sup)
+    flat = locks.DecodeWrapper.allocate(num_q_heads=tb.HQ, num_kv_heads=H, head_dim=tb.D, num_blocks=NB,
+                                        max_batch=2, max_blocks_per_seq=bt.shape[1], budget_tokens=64)
+    fp, fc = flat.select(q.float(), s.impl.side.summaries(), bt, cm.seq_lens)
+    same = [all(torch.equal(fp[i, h, : int(fc[i, h])], pages[i, h, : int(counts[i, h])]) for h in range(H))
+            for i in range(2)]
+    for i in flat_rows:
+        assert same[i]
+    if flat_rows == [1]:
+        assert not same[0]  # row 0 (seed 22, as in the test above) is really two-level
 
 
 @needs_ops

@@ -557,18 +557,20 @@ def bytes_per_step(model, ctx, batch, budget, locks: bool):
     return w + summ + sel
 
 
-def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min_groups=32):
+def bytes_per_step_h2(model, ctx, batch, budget, group_pages=32, alpha=40.0, min_groups=32,
+                      flat_below=8):
     """The two-level step's bytes (the byte model of include/locks/super_summary.h's
     two_level_step_bytes, simplified): every complete group's super summary (1,544 B a KV head
     at d 128, S 32, R 8), the page summaries of the kept groups (the m best, the
     first group and the recent one), of the open group and the tail, and the selected K/V; flat
-    LOCKS where level 1 would keep every group (the step's fallback)."""
+    LOCKS where the step falls back (budget >= context, fewer than flat_below complete groups,
+    every group kept)."""
     L, H, d, params = SHAPES[model]
     S, pages = group_pages, ctx // 16
     C = pages // S
     k = budget // 16
     kept = max(min_groups, math.ceil(alpha * k / S)) + 2
-    if budget >= ctx or C < 8 or kept >= C:
+    if budget >= ctx or C < flat_below or kept >= C:
         return bytes_per_step(model, ctx, batch, budget, True)
     from .side_cache import SummaryGeometry
 
@@ -638,7 +640,12 @@ def latency(args) -> int:
             row["bytes_locks"] = bytes_per_step(model, c, b, args.budget, True)
             row["bytes_ratio"] = row["bytes_dense"] / row["bytes_locks"]
             if "CUSTOM_H2" in row:
-                row["bytes_h2"] = bytes_per_step_h2(model, c, b, args.budget, args.group_pages)
+                from .settings import flat_below_groups, parse_settings
+
+                h2 = parse_settings(backend_settings("CUSTOM_H2", args.budget, args.group_pages)[1]
+                                    ["additional_config"])  # with LOCKS_* from the environment
+                row["bytes_h2"] = bytes_per_step_h2(model, c, b, args.budget, args.group_pages, h2.alpha,
+                                                    h2.min_groups, flat_below_groups(h2))
                 row["bytes_ratio_h2"] = row["bytes_dense"] / row["bytes_h2"]
             table.append(row)
     print(f"\n{'model':6} {'ctx':>8} {'B':>2} {'FA ms/tok':>10} {'LOCKS ms/tok':>12} {'speedup':>8} "

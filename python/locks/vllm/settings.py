@@ -14,6 +14,7 @@ from typing import Any
 
 PRECISIONS = ("int4", "fp32")
 SUPER_RANK = 8  # the two-level step's group basis rank (TwoLevelConfig's studied default)
+FLAT_BELOW_GROUPS = 8  # TwoLevelConfig::flat_below_groups's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,11 @@ class LocksSettings:
                               # besides the forced ones (TwoLevelConfig::alpha, >= 1)
     min_groups: int = 32      # TwoLevelConfig::min_groups (>= 1): the floor that keeps needles
                               # at budgets under ~400 tokens (docs/vllm.md "Two-level LOCKS")
+    # Sequences shorter than this many tokens decode with flat LOCKS inside the two-level step
+    # (every page summary scored; TwoLevelConfig::flat_below_groups = this / (block size x S),
+    # rounded up to whole groups), where level 1 and the group choice would cost more than they
+    # save. None = TwoLevelConfig's own floor (8 complete groups).
+    two_level_min_context: int | None = None
 
     @property
     def effective_min_context(self) -> int:
@@ -52,6 +58,7 @@ ENV = {  # setting -> environment variable
     "group_pages": "LOCKS_GROUP_PAGES",
     "alpha": "LOCKS_ALPHA",
     "min_groups": "LOCKS_MIN_GROUPS",
+    "two_level_min_context": "LOCKS_TWO_LEVEL_MIN_CONTEXT",
 }
 
 
@@ -105,7 +112,8 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             if v not in PRECISIONS:
                 raise ValueError(f"locks setting 'precision' ({src}) must be one of {PRECISIONS}, got {v!r}")
             vals[k] = v
-        elif k == "min_context" and (v is None or (isinstance(v, str) and v.lower() == "none")):
+        elif k in ("min_context", "two_level_min_context") and (
+                v is None or (isinstance(v, str) and v.lower() == "none")):
             vals[k] = None
         elif k == "alpha":
             vals[k] = _as_float(k, v, src)
@@ -135,6 +143,9 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
         if s.min_groups < 1:
             raise ValueError(f"locks setting 'min_groups' must be >= 1 (groups level 1 keeps at least), "
                              f"got {s.min_groups}")
+        if s.two_level_min_context is not None and not 0 <= s.two_level_min_context < 2**31:
+            raise ValueError(f"locks setting 'two_level_min_context' must be None or in [0, 2^31) tokens, "
+                             f"got {s.two_level_min_context}")
         if s.effective_min_context > s.budget:
             raise ValueError(f"locks setting 'min_context' = {s.min_context} > budget {s.budget} with "
                              "group_pages > 0: the two-level step keeps a minimum context only up to the "
@@ -142,10 +153,20 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
     return s
 
 
-def two_level_plan(s: LocksSettings, num_blocks: int) -> dict:
+def flat_below_groups(s: LocksSettings, block_size: int = 16) -> int:
+    """TwoLevelConfig::flat_below_groups for settings s: two_level_min_context in whole groups
+    of block_size x group_pages tokens, rounded up (a sequence of L tokens has floor(L / (P S))
+    complete groups, so it takes level 1 exactly when L >= that many groups' tokens); the
+    config's default without the setting (or without two-level LOCKS)."""
+    if not s.group_pages or s.two_level_min_context is None:
+        return FLAT_BELOW_GROUPS
+    return -(-s.two_level_min_context // (block_size * s.group_pages))
+
+
+def two_level_plan(s: LocksSettings, num_blocks: int, block_size: int = 16) -> dict:
     """The two-level arguments of a plan under settings s (none for flat LOCKS): one super
     summary slot a KV-cache block (side_cache.SummaryGeometry)."""
     if not s.group_pages:
         return {}
     return dict(group_pages=s.group_pages, super_slots=num_blocks, super_rank=SUPER_RANK, alpha=s.alpha,
-                min_groups=s.min_groups)
+                min_groups=s.min_groups, flat_below_groups=flat_below_groups(s, block_size))
