@@ -72,8 +72,8 @@ def two_level_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      supers, super_table: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, budget_tokens: int = 2048, sink_pages: int = 0,
                      recent_pages: int = 0, alpha: float = 40.0, min_groups: int = 32,
-                     flat_below_groups: int = 8, scale: float | None = None, out: torch.Tensor | None = None,
-                     lse: torch.Tensor | None = None,
+                     flat_below_groups: int = 8, scale: float | None = None,
+                     out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                      return_selection: bool = False):
     """The two-level step, one shot (plans and allocates its workspace per call): returns
     (out [B, Hq, d], lse [B, Hq]) and, with return_selection, (pages, counts) too."""
