@@ -191,6 +191,7 @@ def test_two_level_logs_its_settings_and_cost(monkeypatch, caplog):
     msg = [r.getMessage() for r in caplog.records if "LOCKS two-level" in r.getMessage()]
     sup = s.impl.geom.super_bytes_per_block
     assert len(msg) == 1 and f"group_pages 2, alpha 1, budget 64, min_groups 4" in msg[0]
+    assert "sequences under 256 tokens (8 complete groups) decode flat" in msg[0]  # the default floor
     assert f"{sup} B a block a layer" in msg[0]
 
 

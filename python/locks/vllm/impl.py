@@ -12,7 +12,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl, FlashAtten
 from .builder import DecodeBuffers, LocksMetadata, batch_buckets
 from .engine_config import BLOCK_SIZE, _dtype_name, refuse_config, settings_from
 from .library import ops, skip_prefill
-from .settings import SUPER_RANK, two_level_plan
+from .settings import SUPER_RANK, flat_below_groups, two_level_plan
 from .side_cache import LocksSummaryCache, SummaryGeometry, side_layer_name
 
 try:  # FlashAttention (CUDA builds of vLLM); CPU tests replace it
@@ -67,10 +67,12 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
 
     sup = geom.super_bytes_per_block
     kv = 2 * geom.page_size * geom.num_kv_heads * geom.head_dim * torch.empty((), dtype=kv_dtype).element_size()
+    fb = flat_below_groups(s, geom.page_size)
     init_logger(__name__).info(
-        "LOCKS two-level: group_pages %d, alpha %g, budget %d, min_groups %d; a super summary slot in "
-        "each of the %d blocks' side-cache rows, %d B a block a layer (%.1f%% of its K/V)", s.group_pages,
-        s.alpha, s.budget, s.min_groups, num_blocks, sup, 100.0 * sup / kv)
+        "LOCKS two-level: group_pages %d, alpha %g, budget %d, min_groups %d; sequences under %d tokens "
+        "(%d complete groups) decode flat; a super summary slot in each of the %d blocks' side-cache rows, "
+        "%d B a block a layer (%.1f%% of its K/V)", s.group_pages, s.alpha, s.budget, s.min_groups,
+        fb * geom.page_size * s.group_pages, fb, num_blocks, sup, 100.0 * sup / kv)
 
 
 def _attention_prefix() -> str | None:
