@@ -12,7 +12,9 @@
 // BM_TwoLevelStep: the two-level step (cpu::decode_two_level: super summaries first, page
 // summaries of the kept groups only; S 32, R 8, alpha 40) beside the flat step and dense, one
 // plan, at 256K tokens, b 512, int4 summaries; its counters as BM_DecodeStep's plus flat_ms and
-// the byte model's ratios (two_level_step_bytes).
+// the byte model's ratios (two_level_step_bytes). Its third argument is flat_below_groups: 8
+// (the default) or above the row's 512 groups, where the step scores every page inside the
+// two-level op (what that fallback costs against the flat step beside it).
 // Data: i.i.d. Gaussian K, V, q (the step's cost does not depend on the values).
 #include <benchmark/benchmark.h>
 #include <time.h>
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "locks/attention.h"
@@ -225,6 +228,7 @@ BENCHMARK(BM_DecodeStep)
 void BM_TwoLevelStep(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int budget = int(state.range(1));
+  const int flat_below = int(state.range(2));
   Setup& s = setup_for(tokens);
   const locks::CacheLayout& l = s.cache->layout();
   const int M = s.batch.view.max_blocks_per_seq, S = 32;
@@ -256,6 +260,7 @@ void BM_TwoLevelStep(benchmark::State& state) {
   p.max_blocks_per_seq = M;
   p.select.budget_tokens = budget;
   p.two_level = true;
+  p.two.flat_below_groups = flat_below;
   p.super = U;
   const locks::DecodePlan plan = locks::cpu::plan_decode(p);
   std::vector<std::byte> wsb(plan.workspace_bytes + 256);
@@ -295,7 +300,9 @@ void BM_TwoLevelStep(benchmark::State& state) {
   state.counters["dense_over_flat"] = dense_s / flat_s;
   state.counters["bytes_dense_over_two"] = b.dense / b.total();
   state.counters["bytes_dense_over_flat"] = b.dense / b.flat;
-  state.SetLabel("int4 summaries, S 32, alpha 40");
+  state.SetLabel(flat_below > groups ? "int4 summaries, S 32, alpha 40, flat below " +
+                                           std::to_string(flat_below) + " groups (fallback)"
+                                     : "int4 summaries, S 32, alpha 40");
 }
 
 }  // namespace
@@ -307,9 +314,10 @@ BENCHMARK(BM_StepStages)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-// Args: {tokens, budget}.
+// Args: {tokens, budget, flat_below_groups}.
 BENCHMARK(BM_TwoLevelStep)
-    ->Args({262144, 512})
+    ->Args({262144, 512, 8})
+    ->Args({262144, 512, 1024})
     ->Iterations(5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
