@@ -95,6 +95,9 @@ def test_two_level_min_context_in_whole_groups(tokens, S, groups):
     if tokens is not None and groups:
         for L in (tokens - 1, tokens, groups * 16 * S - 1, groups * 16 * S):
             assert ((L // 16) // S >= groups) == (L >= groups * 16 * S)
+
+
+def test_two_level_min_context_from_the_environment():
     env = parse_settings({"locks": {"group_pages": 32}}, environ={"LOCKS_TWO_LEVEL_MIN_CONTEXT": "1024"})
     assert flat_below_groups(env) == 2
     none = parse_settings({"locks": {"group_pages": 32, "two_level_min_context": 4096}},

@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from .settings import flat_below_groups, parse_settings
+
 SETTINGS_V = dict(VLLM_USE_FLASHINFER_SAMPLER="0", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
 
 # Published config.json of THUDM/glm-4-9b-chat-1m (fields vLLM's ChatGLM reads). Note: its
@@ -587,6 +589,9 @@ def latency(args) -> int:
         by_model.setdefault(m, []).append((int(c), int(b)))
     env = {"LOCKS_BENCH_SKIP_PREFILL_ATTENTION": "1" if args.skip_prefill else "0",
            "VLLM_USE_V2_MODEL_RUNNER": args.runner}
+    # The two-level runs' settings as their engines will read them (LOCKS_* from the environment
+    # too), for the byte model: the same for every row.
+    h2 = parse_settings(backend_settings("CUSTOM_H2", args.budget, args.group_pages)[1]["additional_config"])
     table = []
     for model, cb in by_model.items():
         d = tempfile.mkdtemp(prefix=f"{model}_")
@@ -640,10 +645,6 @@ def latency(args) -> int:
             row["bytes_locks"] = bytes_per_step(model, c, b, args.budget, True)
             row["bytes_ratio"] = row["bytes_dense"] / row["bytes_locks"]
             if "CUSTOM_H2" in row:
-                from .settings import flat_below_groups, parse_settings
-
-                h2 = parse_settings(backend_settings("CUSTOM_H2", args.budget, args.group_pages)[1]
-                                    ["additional_config"])  # with LOCKS_* from the environment
                 row["bytes_h2"] = bytes_per_step_h2(model, c, b, args.budget, args.group_pages, h2.alpha,
                                                     h2.min_groups, flat_below_groups(h2))
                 row["bytes_ratio_h2"] = row["bytes_dense"] / row["bytes_h2"]
