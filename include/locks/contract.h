@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "locks/attention.h"
+#include "locks/cache_write.h"
 #include "locks/error.h"
 #include "locks/kv_cache.h"
 #include "locks/plan.h"
@@ -63,6 +64,15 @@ void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int 
                           const SummaryView& out);
 void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
                          const SummaryView& out);
+// The cache write of a step and summary_build_slots in one call (cache_write.h): token i's K
+// and V rows go to slot slot_mapping[i] (block * P + offset; -1 = padding, skipped; where
+// several tokens name one slot, the last of them is written), then every block whose last slot
+// (offset P - 1) was named is rebuilt from the cache as it is after the writes: the same bits
+// as the writes followed by summary_build_slots over the same slots. out == nullptr: the
+// writes alone. The CPU checks everything first (slots in [-1, num_blocks * P), the new rows
+// finite, the summary views) and writes nothing on a bad call.
+void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
+                       const int32_t* slot_mapping, const SummaryView* out);
 
 // head_scores [batch, num_q_heads, batch.max_blocks_per_seq] (score.h).
 void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
@@ -112,6 +122,13 @@ void summary_build_filled(const KvCacheView& cache, const BatchView& batch, int 
                           const SummaryView& out, cudaStream_t stream);
 void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, int64_t n_slots,
                          const SummaryView& out, cudaStream_t stream);
+// One launch, a block per (token, KV head); slots are device data: a slot outside
+// [0, num_blocks * P) is skipped (docs/bad_input.md). Each block reads the call's slot_mapping
+// once to find a later token naming its slot (the last one writes) and, for a block to build,
+// which token wrote each of its other rows (read from the rows, not from the cache being
+// written): O(n_tokens^2 x KV heads) slot reads, made for decode steps (n_tokens = the batch).
+void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
+                       const int32_t* slot_mapping, const SummaryView* out, cudaStream_t stream);
 
 void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
                  const BatchView& batch, const QueryView& q, float* head_scores,

@@ -273,7 +273,8 @@ void launch_filled(const KvCacheView& cache, const SummaryView& out, Work w, cud
   const Out o = make_out(out);
   auto go = [&](auto* k) {
     using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
-    sb::filled_kernel<TT><<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o);
+    sb::filled_kernel<TT, false>
+        <<<unsigned(blocks), sb::kFilledThreads, 0, stream>>>(k, H, d, r, w, o, {});
   };
   with_typed_keys(cache, go);
   LOCKS_CUDA_LAUNCHED();
@@ -355,6 +356,65 @@ void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, 
   w.slots = slot_mapping;
   w.num_blocks = cache.layout.num_blocks;
   launch_filled(cache, out, w, stream);
+}
+
+void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
+                       const int32_t* slot_mapping, const SummaryView* out, cudaStream_t stream) {
+  constexpr const char* where = "cache_write_slots";
+  const KvCacheView view = cache.view();
+  const CacheLayout& L = cache.layout;
+  validate_cache(view);
+  if (cache.k == nullptr || cache.v == nullptr)
+    locks::detail::fail(where, "cache.k / cache.v are null");
+  validate_token_rows(L, rows);
+  const int64_t es = dtype_size(L.dtype);
+  if (out) {
+    check_views(view, *out, where);
+  } else {
+    // The write's own needs (check_views says them for the build).
+    if (L.page_size != kP)
+      locks::detail::fail_as<Unsupported>(where, "the CUDA cache write needs page_size ", kP,
+                                          ", got ", L.page_size);
+    if (L.head_dim % 8 != 0)
+      locks::detail::fail_as<Unsupported>(where, "the CUDA cache write needs head_dim a "
+                                          "multiple of 8, got ", L.head_dim);
+  }
+  if (reinterpret_cast<uintptr_t>(cache.k) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(cache.v) % 16 != 0 || view.block_step() * es % 16 != 0)
+    locks::detail::fail(where, "cache.k, cache.v and every block must be 16-byte aligned, block "
+                        "stride ", view.block_step(), " elements");
+  const int64_t n = rows.n_tokens, H = L.num_kv_heads;
+  if (n == 0) return;
+  if (slot_mapping == nullptr) locks::detail::fail(where, "slot_mapping is null");
+  if (n * H >= (int64_t(1) << 31)) locks::detail::fail(where, "too many tokens: ", n);
+  Work w{nullptr, n, nullptr, 0, nullptr, 1, true};
+  w.slots = slot_mapping;
+  w.num_blocks = L.num_blocks;
+  w.block_stride = view.block_step();
+  // Vector copies where every row start is 16-byte aligned (d * es is a multiple of 16 here).
+  auto aligned = [&](const void* p, int64_t ts, int64_t hs) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ts * es % 16 == 0 && hs * es % 16 == 0;
+  };
+  const bool vec = aligned(rows.k, rows.k_token_stride, rows.k_head_stride) &&
+                   aligned(rows.v, rows.v_token_stride, rows.v_head_stride);
+  const Out o = out ? make_out(*out) : Out{};
+  const int r = out ? out->layout.rank : 0;
+  auto go = [&](auto* k) {
+    using TT = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+    sb::WriteRows<TT> wr;
+    wr.k_in = static_cast<const TT*>(rows.k);
+    wr.v_in = static_cast<const TT*>(rows.v);
+    wr.k_ts = rows.k_token_stride, wr.k_hs = rows.k_head_stride;
+    wr.v_ts = rows.v_token_stride, wr.v_hs = rows.v_head_stride;
+    wr.k_cache = static_cast<TT*>(cache.k);
+    wr.v_cache = static_cast<TT*>(cache.v);
+    wr.vec = vec;
+    wr.build = out != nullptr;
+    sb::filled_kernel<TT, true><<<unsigned(n * H), sb::kFilledThreads, 0, stream>>>(
+        k, int(H), L.head_dim, r, w, o, wr);
+  };
+  with_typed_keys(view, go);
+  LOCKS_CUDA_LAUNCHED();
 }
 
 }  // namespace locks::cuda

@@ -123,9 +123,79 @@ __device__ __forceinline__ float jacobi_round(const float* A, const float* V, fl
   return a;
 }
 
+// cache_write_slots (cache_write.h): the rows to write, token t's K / V rows of KV head h at
+// k_in + t * k_ts + h * k_hs (elements), and the cache's K / V memory they go to.
 template <typename T>
+struct WriteRows {
+  const T* k_in = nullptr;
+  const T* v_in = nullptr;
+  int64_t k_ts = 0, k_hs = 0, v_ts = 0, v_hs = 0;
+  T* k_cache = nullptr;
+  T* v_cache = nullptr;
+  bool vec = false;    // every row start 16-byte aligned: vector copies and loads
+  bool build = false;  // rebuild the blocks whose last slot is written
+};
+
+// n elements from src to dst by the threads [0, nthreads) of the block, in 16-byte vectors
+// when vec (the caller checked the alignment), else one element a thread.
+template <typename T>
+__device__ __forceinline__ void copy_row(T* dst, const T* src, int n, bool vec, int t,
+                                         int nthreads) {
+  if (vec) {
+    const int nv = n * int(sizeof(T)) / 16;
+    for (int i = t; i < nv; i += nthreads)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else {
+    for (int i = t; i < n; i += nthreads) dst[i] = src[i];
+  }
+}
+
+// load_row_vec's 16 bytes of a row without the vector load (rows that are not aligned).
+template <typename T>
+__device__ __forceinline__ void load_row_elems(const T* src, float* dst, int n_vec_lane_idx) {
+  constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+  for (int x = 0; x < kPer; ++x)
+    dst[n_vec_lane_idx * kPer + x] = detail::to_float(src[n_vec_lane_idx * kPer + x]);
+}
+
+// The write of (token item, KV head head) in cache_write mode; returns the block to build, or
+// -1. Every thread of the block calls it (it has block barriers) and gets the same answer.
+// src_tok[j] is then the token of this call whose row fills slot j of that block (the last
+// naming it), or -1 where the cache's row stays: rows written by this launch are read from
+// the token rows, never from the cache that other blocks are writing.
+template <typename T>
+__device__ int32_t write_token(const Work& w, const WriteRows<T>& wr, int64_t item, int head,
+                               int H, int d, int* src_tok) {
+  const int tid = threadIdx.x;
+  const int32_t s = w.slots[item];
+  if (s < 0 || s / kP >= w.num_blocks) return -1;  // padding or an untrusted slot: skipped
+  bool later = false;                               // the last token naming a slot writes it
+  for (int64_t u = item + 1 + tid; u < w.n_items; u += kFilledThreads) later |= w.slots[u] == s;
+  if (__syncthreads_or(later)) return -1;
+  const int32_t blk = s / kP;
+  const int64_t dst = int64_t(blk) * w.block_stride + (int64_t(s % kP) * H + head) * d;
+  constexpr int kHalf = kFilledThreads / 2;  // K by the first half of the block, V the second
+  if (tid < kHalf)
+    copy_row(wr.k_cache + dst, wr.k_in + item * wr.k_ts + head * wr.k_hs, d, wr.vec, tid, kHalf);
+  else
+    copy_row(wr.v_cache + dst, wr.v_in + item * wr.v_ts + head * wr.v_hs, d, wr.vec, tid - kHalf,
+             kHalf);
+  if (!wr.build || s % kP != kP - 1) return -1;
+  if (tid < kP) src_tok[tid] = -1;
+  __syncthreads();
+  for (int64_t u = tid; u < w.n_items; u += kFilledThreads) {
+    const int32_t su = w.slots[u];
+    if (su >= 0 && su / kP == blk) atomicMax(src_tok + su % kP, int(u));  // grid: n < 2^31
+  }
+  __syncthreads();
+  return blk;
+}
+
+template <typename T, bool kWrite>
 __global__ void __launch_bounds__(kFilledThreads)
-    filled_kernel(const T* __restrict__ keys, int H, int d, int rank, Work work, Out out) {
+    filled_kernel(const T* __restrict__ keys, int H, int d, int rank, Work work, Out out,
+                  WriteRows<T> wr) {
   __shared__ __align__(16) float Ds[kP * (kMaxD + 4)];  // keys, then centred keys
   __shared__ float mus[kMaxD];
   __shared__ __align__(16) float As[2][kP * kP];  // double-buffered, slot order, blocked()
@@ -135,9 +205,16 @@ __global__ void __launch_bounds__(kFilledThreads)
   __shared__ float red[kFilledWarps][2];
   __shared__ int perm[kP];  // perm[rank] = slot of that eigenpair
 
+  __shared__ int src_tok[kP];  // cache_write mode: write_token's sources of the block's rows
+
   const int head = int(blockIdx.x % unsigned(H));
-  const int32_t blk = resolve_block(work, int64_t(blockIdx.x / unsigned(H)));
-  if (blk < 0) return;  // block-uniform, before any barrier
+  const int64_t item = int64_t(blockIdx.x / unsigned(H));
+  int32_t blk;
+  if constexpr (kWrite)
+    blk = write_token(work, wr, item, head, H, d, src_tok);
+  else
+    blk = resolve_block(work, item);
+  if (blk < 0) return;  // block-uniform, before any (further) barrier
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int ld = d + 4;
 
@@ -147,6 +224,16 @@ __global__ void __launch_bounds__(kFilledThreads)
     const T* src = keys + blk * work.block_stride + int64_t(head) * d;
     for (int e = tid; e < kP * vec_per_row; e += kFilledThreads) {
       const int row = e / vec_per_row, vi = e - row * vec_per_row;
+      if constexpr (kWrite) {
+        if (src_tok[row] >= 0) {  // this launch's row: from the token rows
+          const T* r = wr.k_in + int64_t(src_tok[row]) * wr.k_ts + int64_t(head) * wr.k_hs;
+          if (wr.vec)
+            load_row_vec<T>(r, Ds + row * ld, vi);
+          else
+            load_row_elems<T>(r, Ds + row * ld, vi);
+          continue;
+        }
+      }
       load_row_vec<T>(src + int64_t(row) * H * d, Ds + row * ld, vi);
     }
     if (tid < kP) perm[tid] = tid;  // a permutation even if the sort below sees NaNs

@@ -55,6 +55,10 @@ class CudaBackend final : public OpsBackend {
                            const SummaryView& out) override {
     cuda::summary_build_slots(c, slots, n, out, nullptr);
   }
+  void cache_write_slots(const KvCacheWriteView& c, const TokenRows& rows, const int32_t* slots,
+                         const SummaryView* out) override {
+    cuda::cache_write_slots(c, rows, slots, out, nullptr);
+  }
   void score_pages(const DecodePlan& p, Workspace ws, const SummaryView& s, const BatchView& b,
                    const QueryView& q, float* hs) override {
     cuda::score_pages(p, ws, s, b, q, hs, nullptr);

@@ -42,6 +42,8 @@ class OpsBackend {
                                     const SummaryView& out) = 0;
   virtual void summary_build_slots(const KvCacheView& c, const int32_t* slots, int64_t n,
                                    const SummaryView& out) = 0;
+  virtual void cache_write_slots(const KvCacheWriteView& c, const TokenRows& rows,
+                                 const int32_t* slots, const SummaryView* out) = 0;
   virtual void score_pages(const DecodePlan& p, Workspace ws, const SummaryView& s,
                            const BatchView& b, const QueryView& q, float* hs) = 0;
   virtual void aggregate_gqa(const DecodePlan& p, Workspace ws, const BatchView& b, const float* hs,

@@ -64,6 +64,10 @@ class CpuBackend final : public OpsBackend {
                            const SummaryView& out) override {
     cpu::summary_build_slots(c, slots, n, out);
   }
+  void cache_write_slots(const KvCacheWriteView& c, const TokenRows& rows, const int32_t* slots,
+                         const SummaryView* out) override {
+    cpu::cache_write_slots(c, rows, slots, out);
+  }
   void score_pages(const DecodePlan& p, Workspace ws, const SummaryView& s, const BatchView& b,
                    const QueryView& q, float* hs) override {
     cpu::score_pages(p, ws, s, b, q, hs);

@@ -431,6 +431,137 @@ TEST_P(BackendOps, SummaryBuildSlotsFollowsTheSlotRule) {
   expect_built_exactly(t_, s, be_.get(), expect, sl_);
 }
 
+// A serving engine's cache write fused with the summary update (cache_write_slots): new K/V
+// rows for the last token of every sequence, a whole page of sequence 0 written in the same call
+// (a prefill chunk: the page's build reads the call's rows, not the cache being written), one
+// slot named twice (the later row stays) and padding. Token rows at a padded stride (16-byte
+// aligned: vector copies) and at an odd one (element copies), with and without summaries. The
+// cache then holds exactly the host-side writes, and the blocks whose last slot was named are
+// rebuilt from it (the others keep their poison).
+TEST_P(BackendOps, CacheWriteSlotsWritesThenBuilds) {
+  const CacheLayout& L = t_.layout();
+  const int P = L.page_size, H = L.num_kv_heads, d = L.head_dim;
+  const int64_t N = L.num_blocks, E = L.block_elems();
+  const size_t es = size_t(dtype_size(L.dtype)), row = size_t(d) * es;
+  const int B = t_.bv().batch_size;
+  std::vector<int32_t> slots{-1};
+  for (int b = 0; b < B; ++b) slots.push_back(t_.block_of(b, (t_.bv().seq_lens[b] - 1) / P) * P +
+                                              (t_.bv().seq_lens[b] - 1) % P);
+  for (int j = 0; j < P; ++j) slots.push_back(t_.block_of(0, 0) * P + j);
+  slots.push_back(-1);
+  slots.push_back(slots[1]);  // sequence 0's last slot again: this later row stays
+  const int64_t n = int64_t(slots.size());
+  struct Run {
+    int64_t pad;
+    bool build;
+  };
+  for (const Run run : {Run{8, true}, Run{1, true}, Run{8, false}}) {
+    SCOPED_TRACE(testing::Message() << "row pad " << run.pad << (run.build ? ", build" : ""));
+    // Rows in the cache dtype, taken from other cache rows (finite, and unlike the slot's own).
+    const int64_t ts = int64_t(H) * d + run.pad;
+    std::vector<uint8_t> kr(size_t(n * ts) * es, 0), vr(kr.size(), 0);
+    const KvCacheView hv = t_.view();
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < H; ++h) {
+        const int64_t src = hv.offset((i * 7 + 3) % N, int((i * 5 + 1) % P), (h + 1) % H);
+        std::memcpy(kr.data() + size_t(i * ts + h * d) * es,
+                    static_cast<const uint8_t*>(hv.k) + src * es, row);
+        std::memcpy(vr.data() + size_t(i * ts + h * d) * es,
+                    static_cast<const uint8_t*>(hv.v) + src * es, row);
+      }
+    put_cache(GetParam().kv);  // the host cache as it is now (earlier runs' writes included)
+    Dev dk(be_.get(), kr.data(), kr.size()), dv(be_.get(), vr.data(), vr.size());
+    Dev ds(be_.get(), slots.data(), slots.size() * 4);
+    const TokenRows rows{dk.p, dv.p, n, ts, d, ts, d};
+    const KvCacheWriteView wv{const_cast<void*>(cache_.k), const_cast<void*>(cache_.v), L,
+                              cache_.block_stride};
+    Summaries s(be_.get(), sl_, qweight_);
+    s.poison(be_.get());
+    be_->cache_write_slots(wv, rows, ds.as<int32_t>(), run.build ? &s.dev : nullptr);
+    be_->finish();
+    // The same writes on the host cache, in token order.
+    for (int64_t i = 0; i < n; ++i) {
+      if (slots[size_t(i)] < 0) continue;
+      for (int h = 0; h < H; ++h) {
+        const int64_t dst = L.offset(slots[size_t(i)] / P, slots[size_t(i)] % P, h);
+        std::memcpy(static_cast<uint8_t*>(t_.cache->k_data()) + dst * es,
+                    kr.data() + size_t(i * ts + h * d) * es, row);
+        std::memcpy(static_cast<uint8_t*>(t_.cache->v_data()) + dst * es,
+                    vr.data() + size_t(i * ts + h * d) * es, row);
+      }
+    }
+    const int64_t step = cache_.block_step();
+    const size_t eb = size_t(E) * es;
+    for (int which = 0; which < 2; ++which) {
+      const void* dev = which == 0 ? cache_.k : cache_.v;
+      const uint8_t* want = static_cast<const uint8_t*>(which == 0 ? t_.view().k : t_.view().v);
+      std::vector<uint8_t> got(eb);
+      for (int64_t b = 0; b < N; ++b) {
+        be_->get(got.data(), static_cast<const uint8_t*>(dev) + size_t(b * step) * es, eb);
+        ASSERT_EQ(std::memcmp(got.data(), want + size_t(b) * eb, eb), 0)
+            << (which == 0 ? "K" : "V") << " block " << b << " differs from the host writes";
+      }
+    }
+    const std::vector<int32_t> expect =
+        run.build ? ref::slot_blocks(L, slots.data(), n) : std::vector<int32_t>{};
+    if (run.build) ASSERT_FALSE(expect.empty());
+    expect_built_exactly(t_, s, be_.get(), expect, sl_);
+  }
+}
+
+// Bad calls of cache_write_slots: null rows and negative strides are refused on every backend
+// before anything is written; a slot outside [-1, num_blocks * P) is refused by the CPU (host
+// data, nothing written) and skipped by the CUDA kernel (device data, docs/bad_input.md),
+// which still writes the call's valid slots.
+TEST_P(BackendOps, CacheWriteSlotsBadCalls) {
+  const CacheLayout& L = t_.layout();
+  const int P = L.page_size, H = L.num_kv_heads, d = L.head_dim;
+  const size_t es = size_t(dtype_size(L.dtype)), eb = size_t(L.block_elems()) * es;
+  const int64_t step = cache_.block_step();
+  const KvCacheWriteView wv{const_cast<void*>(cache_.k), const_cast<void*>(cache_.v), L,
+                            cache_.block_stride};
+  auto block_bytes = [&](int64_t b) {
+    std::vector<uint8_t> got(eb);
+    be_->get(got.data(), static_cast<const uint8_t*>(cache_.k) + size_t(b * step) * es, eb);
+    return got;
+  };
+  const int64_t ts = int64_t(H) * d;
+  std::vector<uint8_t> kr(size_t(2 * ts) * es, 0x3c);  // finite in every dtype
+  Dev dk(be_.get(), kr.data(), kr.size());
+  const int32_t good = int32_t(L.num_blocks - 1) * P, bad_slots[][2] = {
+                                                          {int32_t(L.num_blocks * P), good},
+                                                          {-5, good}};
+  const std::vector<uint8_t> last_before = block_bytes(L.num_blocks - 1);
+  Dev ds(be_.get(), bad_slots[0], 8);
+  EXPECT_THROW(be_->cache_write_slots(wv, {nullptr, dk.p, 2, ts, d, ts, d}, ds.as<int32_t>(),
+                                      nullptr),
+               InvalidArgument);
+  EXPECT_THROW(be_->cache_write_slots(wv, {dk.p, dk.p, 2, -ts, d, ts, d}, ds.as<int32_t>(),
+                                      nullptr),
+               InvalidArgument);
+  EXPECT_THROW(be_->cache_write_slots(wv, {dk.p, dk.p, -1, ts, d, ts, d}, ds.as<int32_t>(),
+                                      nullptr),
+               InvalidArgument);
+  be_->finish();
+  EXPECT_EQ(block_bytes(L.num_blocks - 1), last_before) << "a refused call wrote";
+  for (const auto& pair : bad_slots) {
+    SCOPED_TRACE(testing::Message() << "slot " << pair[0]);
+    Dev dslots(be_.get(), pair, 8);
+    const TokenRows rows{dk.p, dk.p, 2, ts, d, ts, d};
+    if (be_->kind() == Backend::cpu) {
+      EXPECT_THROW(be_->cache_write_slots(wv, rows, dslots.as<int32_t>(), nullptr),
+                   InvalidArgument);
+      EXPECT_EQ(block_bytes(L.num_blocks - 1), last_before) << "a refused call wrote";
+    } else {
+      be_->cache_write_slots(wv, rows, dslots.as<int32_t>(), nullptr);
+      be_->finish();
+      const std::vector<uint8_t> after = block_bytes(L.num_blocks - 1);
+      for (int h = 0; h < H; ++h)  // the valid slot (offset 0 of the last block) was written
+        EXPECT_EQ(std::memcmp(after.data() + size_t(h) * d * es, kr.data(), size_t(d) * es), 0);
+    }
+  }
+}
+
 TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
   auto s = build_all();
   const SummaryView hv = s->host_view();
