@@ -31,8 +31,8 @@ void check_finite(const TokenRows& rows, const int32_t* slots, const CacheLayout
         detail::convert_row(which == 0 ? rows.k : rows.v, L.dtype, off, d, buf.data());
         for (int c = 0; c < d; ++c)
           LOCKS_REQUIRE(std::isfinite(buf[size_t(c)]), which == 0 ? "key" : "value",
-                        " row of token ", t, ", KV head ", h, " has a non-finite element (dim ",
-                        c, ")");
+                        " row of token ", t, ", KV head ", h, " has a non-finite element (dim ", c,
+                        ")");
       }
     }
   }
@@ -63,9 +63,9 @@ void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
   LOCKS_REQUIRE(slot_mapping != nullptr, "slot_mapping is null");
   const int64_t P = L.page_size;
   for (int64_t i = 0; i < n; ++i)
-    LOCKS_REQUIRE(slot_mapping[i] >= -1 && slot_mapping[i] / P < L.num_blocks, "slot_mapping[",
-                  i, "] = ", slot_mapping[i], " outside [-1 (padding), num_blocks * page_size = ",
-                  L.num_blocks * P, ")");
+    LOCKS_REQUIRE(slot_mapping[i] >= -1 && slot_mapping[i] / P < L.num_blocks, "slot_mapping[", i,
+                  "] = ", slot_mapping[i],
+                  " outside [-1 (padding), num_blocks * page_size = ", L.num_blocks * P, ")");
   check_finite(rows, slot_mapping, L);
 
   const int64_t es = dtype_size(L.dtype), row_bytes = L.head_dim * es;

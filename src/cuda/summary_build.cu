@@ -376,13 +376,17 @@ void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
       locks::detail::fail_as<Unsupported>(where, "the CUDA cache write needs page_size ", kP,
                                           ", got ", L.page_size);
     if (L.head_dim % 8 != 0)
-      locks::detail::fail_as<Unsupported>(where, "the CUDA cache write needs head_dim a "
-                                          "multiple of 8, got ", L.head_dim);
+      locks::detail::fail_as<Unsupported>(where,
+                                          "the CUDA cache write needs head_dim a "
+                                          "multiple of 8, got ",
+                                          L.head_dim);
   }
   if (reinterpret_cast<uintptr_t>(cache.k) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(cache.v) % 16 != 0 || view.block_step() * es % 16 != 0)
-    locks::detail::fail(where, "cache.k, cache.v and every block must be 16-byte aligned, block "
-                        "stride ", view.block_step(), " elements");
+    locks::detail::fail(where,
+                        "cache.k, cache.v and every block must be 16-byte aligned, block "
+                        "stride ",
+                        view.block_step(), " elements");
   const int64_t n = rows.n_tokens, H = L.num_kv_heads;
   if (n == 0) return;
   if (slot_mapping == nullptr) locks::detail::fail(where, "slot_mapping is null");
@@ -410,8 +414,8 @@ void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
     wr.v_cache = static_cast<TT*>(cache.v);
     wr.vec = vec;
     wr.build = out != nullptr;
-    sb::filled_kernel<TT, true><<<unsigned(n * H), sb::kFilledThreads, 0, stream>>>(
-        k, int(H), L.head_dim, r, w, o, wr);
+    sb::filled_kernel<TT, true>
+        <<<unsigned(n * H), sb::kFilledThreads, 0, stream>>>(k, int(H), L.head_dim, r, w, o, wr);
   };
   with_typed_keys(view, go);
   LOCKS_CUDA_LAUNCHED();

@@ -165,12 +165,12 @@ __device__ __forceinline__ void load_row_elems(const T* src, float* dst, int n_v
 // naming it), or -1 where the cache's row stays: rows written by this launch are read from
 // the token rows, never from the cache that other blocks are writing.
 template <typename T>
-__device__ int32_t write_token(const Work& w, const WriteRows<T>& wr, int64_t item, int head,
-                               int H, int d, int* src_tok) {
+__device__ int32_t write_token(const Work& w, const WriteRows<T>& wr, int64_t item, int head, int H,
+                               int d, int* src_tok) {
   const int tid = threadIdx.x;
   const int32_t s = w.slots[item];
   if (s < 0 || s / kP >= w.num_blocks) return -1;  // padding or an untrusted slot: skipped
-  bool later = false;                               // the last token naming a slot writes it
+  bool later = false;                              // the last token naming a slot writes it
   for (int64_t u = item + 1 + tid; u < w.n_items; u += kFilledThreads) later |= w.slots[u] == s;
   if (__syncthreads_or(later)) return -1;
   const int32_t blk = s / kP;

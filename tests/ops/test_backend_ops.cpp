@@ -445,8 +445,9 @@ TEST_P(BackendOps, CacheWriteSlotsWritesThenBuilds) {
   const size_t es = size_t(dtype_size(L.dtype)), row = size_t(d) * es;
   const int B = t_.bv().batch_size;
   std::vector<int32_t> slots{-1};
-  for (int b = 0; b < B; ++b) slots.push_back(t_.block_of(b, (t_.bv().seq_lens[b] - 1) / P) * P +
-                                              (t_.bv().seq_lens[b] - 1) % P);
+  for (int b = 0; b < B; ++b)
+    slots.push_back(t_.block_of(b, (t_.bv().seq_lens[b] - 1) / P) * P +
+                    (t_.bv().seq_lens[b] - 1) % P);
   for (int j = 0; j < P; ++j) slots.push_back(t_.block_of(0, 0) * P + j);
   slots.push_back(-1);
   slots.push_back(slots[1]);  // sequence 0's last slot again: this later row stays
@@ -528,20 +529,19 @@ TEST_P(BackendOps, CacheWriteSlotsBadCalls) {
   const int64_t ts = int64_t(H) * d;
   std::vector<uint8_t> kr(size_t(2 * ts) * es, 0x3c);  // finite in every dtype
   Dev dk(be_.get(), kr.data(), kr.size());
-  const int32_t good = int32_t(L.num_blocks - 1) * P, bad_slots[][2] = {
-                                                          {int32_t(L.num_blocks * P), good},
-                                                          {-5, good}};
+  const int32_t good = int32_t(L.num_blocks - 1) * P,
+                bad_slots[][2] = {{int32_t(L.num_blocks * P), good}, {-5, good}};
   const std::vector<uint8_t> last_before = block_bytes(L.num_blocks - 1);
   Dev ds(be_.get(), bad_slots[0], 8);
-  EXPECT_THROW(be_->cache_write_slots(wv, {nullptr, dk.p, 2, ts, d, ts, d}, ds.as<int32_t>(),
-                                      nullptr),
-               InvalidArgument);
-  EXPECT_THROW(be_->cache_write_slots(wv, {dk.p, dk.p, 2, -ts, d, ts, d}, ds.as<int32_t>(),
-                                      nullptr),
-               InvalidArgument);
-  EXPECT_THROW(be_->cache_write_slots(wv, {dk.p, dk.p, -1, ts, d, ts, d}, ds.as<int32_t>(),
-                                      nullptr),
-               InvalidArgument);
+  EXPECT_THROW(
+      be_->cache_write_slots(wv, {nullptr, dk.p, 2, ts, d, ts, d}, ds.as<int32_t>(), nullptr),
+      InvalidArgument);
+  EXPECT_THROW(
+      be_->cache_write_slots(wv, {dk.p, dk.p, 2, -ts, d, ts, d}, ds.as<int32_t>(), nullptr),
+      InvalidArgument);
+  EXPECT_THROW(
+      be_->cache_write_slots(wv, {dk.p, dk.p, -1, ts, d, ts, d}, ds.as<int32_t>(), nullptr),
+      InvalidArgument);
   be_->finish();
   EXPECT_EQ(block_bytes(L.num_blocks - 1), last_before) << "a refused call wrote";
   for (const auto& pair : bad_slots) {
