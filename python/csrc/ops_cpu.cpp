@@ -30,6 +30,10 @@ struct CpuOps {
                                   const locks::SummaryView& o, Stream) {
     locks::cpu::summary_build_slots(c, slots, n, o);
   }
+  static void cache_write_slots(const locks::KvCacheWriteView& c, const locks::TokenRows& r,
+                                const int32_t* slots, const locks::SummaryView* o, Stream) {
+    locks::cpu::cache_write_slots(c, r, slots, o);
+  }
   static void score_pages(const locks::DecodePlan& p, locks::Workspace ws,
                           const locks::SummaryView& s, const locks::BatchView& b,
                           const locks::QueryView& q, float* head_scores, Stream) {

@@ -34,6 +34,10 @@ struct CudaOps {
                                   const locks::SummaryView& o, Stream st) {
     locks::cuda::summary_build_slots(c, slots, n, o, st);
   }
+  static void cache_write_slots(const locks::KvCacheWriteView& c, const locks::TokenRows& r,
+                                const int32_t* slots, const locks::SummaryView* o, Stream st) {
+    locks::cuda::cache_write_slots(c, r, slots, o, st);
+  }
   static void score_pages(const locks::DecodePlan& p, locks::Workspace ws,
                           const locks::SummaryView& s, const locks::BatchView& b,
                           const locks::QueryView& q, float* head_scores, Stream st) {

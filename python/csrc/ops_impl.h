@@ -75,6 +75,33 @@ void summary_update(const at::Tensor& k_cache, const at::Tensor& block_table,
   translate_errors([&] { B::summary_build_filled(cache, batch, 1, s, B::stream(dev)); });
 }
 
+// The cache write of a step with the summary update of the blocks it completes (cache_write.h):
+// summaries empty = the write alone.
+template <class B>
+void cache_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& k_cache,
+                 const at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                 at::TensorList summaries) {
+  const at::Device dev = call_device<B>(k_cache, "k_cache");
+  same_device(dev, {{&key, "key"},
+                    {&value, "value"},
+                    {&k_cache, "k_cache"},
+                    {&v_cache, "v_cache"},
+                    {&slot_mapping, "slot_mapping"}});
+  same_device(dev, summaries, "summaries");
+  typename B::Guard guard(dev);
+  const locks::KvCacheView c = cache_view(k_cache, &v_cache);
+  require(slot_mapping, "slot_mapping", at::kInt, 1);
+  const locks::TokenRows rows = token_rows(key, value, c.layout, slot_mapping.numel());
+  std::optional<locks::SummaryView> s;
+  if (!summaries.empty()) s = summary_view(summaries, &c.layout);
+  const locks::KvCacheWriteView w{k_cache.data_ptr(), v_cache.data_ptr(), c.layout,
+                                  c.block_stride};
+  translate_errors([&] {
+    B::cache_write_slots(w, rows, slot_mapping.data_ptr<int32_t>(), s ? &*s : nullptr,
+                         B::stream(dev));
+  });
+}
+
 template <class B>
 void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
                   at::TensorList summaries, const at::Tensor& block_table,
@@ -146,11 +173,12 @@ void decode_attention(const at::Tensor& workspace, at::IntArrayRef plan_ints, co
       [&] { B::decode_attention_sparse(plan, ws, cache, batch, qv, sel, o, B::stream(dev)); });
 }
 
-// The four tensor ops of backend B, for TORCH_LIBRARY_IMPL.
+// The tensor ops of backend B, for TORCH_LIBRARY_IMPL.
 template <class B>
 void register_ops(torch::Library& m) {
   m.impl("summary_build", &summary_build<B>);
   m.impl("summary_update", &summary_update<B>);
+  m.impl("cache_write", &cache_write<B>);
   m.impl("select_pages", &select_pages<B>);
   m.impl("decode_attention", &decode_attention<B>);
 }

@@ -42,6 +42,13 @@ TORCH_LIBRARY(locks, m) {
   m.def(
       "summary_update(Tensor k_cache, Tensor block_table, Tensor seq_lens, Tensor? slot_mapping, "
       "Tensor(a!)[] summaries) -> ()");
+  // A step's cache write and summary update in one op (include/locks/cache_write.h): token i's
+  // K/V rows ([n, H, d], the cache's dtype) into slot slot_mapping[i] (-1 = padding; the last
+  // of several tokens naming a slot stays), then, with summaries, every block whose last slot
+  // was named rebuilt from the cache after the writes. One CUDA launch, graph-safe.
+  m.def(
+      "cache_write(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor slot_mapping, Tensor(c!)[] summaries) -> ()");
   // Score every full page from its summary, share-average over each GQA group, select pages
   // under the plan's budget. pages [B, H, plan capacity], counts [B, H].
   m.def(

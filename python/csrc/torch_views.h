@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "locks/attention.h"
+#include "locks/cache_write.h"
 #include "locks/error.h"
 #include "locks/kv_cache.h"
 #include "locks/plan.h"
@@ -120,6 +121,32 @@ inline locks::KvCacheView cache_view(const at::Tensor& k, const at::Tensor* v) {
     c.v = v->data_ptr();
   }
   return c;
+}
+
+// key / value [n, num_kv_heads, head_dim] in the cache's dtype with the head dim contiguous
+// (views into a fused QKV projection are fine): the rows of a cache write (cache_write.h).
+inline locks::TokenRows token_rows(const at::Tensor& key, const at::Tensor& value,
+                                   const locks::CacheLayout& l, int64_t n) {
+  const at::ScalarType want = key.scalar_type();
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&key, "key"},
+                                {&value, "value"}}) {
+    TORCH_CHECK_VALUE(t->dim() == 3 && t->size(0) == n && t->size(1) == l.num_kv_heads &&
+                          t->size(2) == l.head_dim,
+                      name, ": expected [", n, ", ", l.num_kv_heads, ", ", l.head_dim,
+                      "] (slot_mapping's tokens, the cache's KV heads and head_dim), got ",
+                      t->sizes());
+    TORCH_CHECK_VALUE(to_dtype(t->scalar_type(), name) == l.dtype && t->scalar_type() == want,
+                      name, ": dtype ", t->scalar_type(), " differs from the cache's");
+    TORCH_CHECK_VALUE(t->stride(2) == 1, name,
+                      ": the head dim must be contiguous (stride 1), got stride ", t->stride(2));
+  }
+  locks::TokenRows r;
+  r.n_tokens = n;
+  r.k = key.data_ptr();
+  r.v = value.data_ptr();
+  r.k_token_stride = key.stride(0), r.k_head_stride = key.stride(1);
+  r.v_token_stride = value.stride(0), r.v_head_stride = value.stride(1);
+  return r;
 }
 
 // block_table [batch, max_blocks_per_seq] int32, seq_lens [batch] int32.

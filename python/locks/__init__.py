@@ -37,6 +37,7 @@ from . import two_level  # noqa: E402  (the two-level ops' fake implementations)
 from .ops import (  # noqa: E402
     QuantSummaries,
     Summaries,
+    cache_write,
     new_summaries,
     summary_build,
     summary_update,
@@ -46,5 +47,5 @@ from .ops import (  # noqa: E402
 from .wrapper import DecodeWrapper  # noqa: E402
 
 __all__ = ["ops", "two_level", "DecodeWrapper", "supports", "workspace_bytes", "new_summaries", "summary_build",
-           "summary_update", "Summaries", "QuantSummaries"]
+           "summary_update", "cache_write", "Summaries", "QuantSummaries"]
 __version__ = "0.1.0"

@@ -300,6 +300,20 @@ def summary_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
     _ops.summary_update(k_cache, block_table, seq_lens, slot_mapping, list(summaries))
 
 
+def cache_write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, slot_mapping: torch.Tensor, summaries=None) -> None:
+    """A step's cache write and summary update in one op: token i's key / value rows
+    ([n, num_kv_heads, head_dim] in the cache's dtype, head dim contiguous; views into a fused
+    QKV output are fine) go to slot slot_mapping[i] (int32, block * P + offset, -1 = padding;
+    where several tokens name one slot the last one stays), then, with summaries, every block
+    whose last slot was named is rebuilt from the cache after the writes: the same bits as the
+    writes followed by summary_update(..., slot_mapping=slot_mapping). CUDA: one launch, no
+    host sync (graph-safe), made for decode steps (each (token, KV head) block reads the n
+    slots: O(n^2)); slots outside the cache are skipped there (the CPU refuses them)."""
+    _ops.cache_write(key, value, k_cache, v_cache, slot_mapping,
+                     list(summaries) if summaries is not None else [])
+
+
 # -- one-shot helpers (plan per call: eager use and tests; loops and graphs: DecodeWrapper) ---
 def _one_shot(q, block_table, **kw):
     from .wrapper import DecodeWrapper
@@ -394,6 +408,11 @@ def _summary_build_fake(k_cache, block_ids, summaries):
 @torch.library.register_fake("locks::summary_update")
 def _summary_update_fake(k_cache, block_table, seq_lens, slot_mapping, summaries):
     _check_devices("summary_update", k_cache, block_table, seq_lens, slot_mapping, summaries)
+
+
+@torch.library.register_fake("locks::cache_write")
+def _cache_write_fake(key, value, k_cache, v_cache, slot_mapping, summaries):
+    _check_devices("cache_write", key, value, k_cache, v_cache, slot_mapping, summaries)
 
 
 @torch.library.register_fake("locks::select_pages")

@@ -348,3 +348,65 @@ def test_cuda_supports_agrees_with_plan():
                 planned = False
                 assert why and why in str(e)
             assert planned == ok, (d, group, why)
+
+
+@needs_cuda
+@pytest.mark.parametrize("d,H,Hq,dtype", SHAPES)
+def test_cache_write_equals_the_write_then_summary_update_and_replays(d, H, Hq, dtype):
+    """The CUDA cache_write against vLLM's two steps (the K/V scatter, then summary_update over
+    the slots): the same cache bytes and the same summary bits, with a whole page written in
+    one call (its build reads the call's rows), a slot named twice (the later row stays),
+    padding and a slot past the cache (skipped); rows as views into a fused QKV output. Then
+    captured in a CUDA graph: replays on new rows equal eager calls."""
+    k, v, bt, lens, _ = paged(B=2, lens=(300, 200), H=H, Hq=Hq, d=d, dtype=dtype)
+    nb = k.shape[0]
+    slots = [3 * P + P - 1, -1, 5 * P + 2] + [7 * P + j for j in range(P)] + [-1, 5 * P + 2, nb * P + 5]
+    n = len(slots)
+    slot_t = torch.tensor(slots, dtype=torch.int32, device=DEV)
+
+    def rows(seed):
+        qkv = torch.randn(n, (Hq + 2 * H) * d, generator=torch.Generator().manual_seed(seed))
+        qkv = qkv.to(dtype).to(DEV)
+        return qkv[:, Hq * d:(Hq + H) * d].view(n, H, d), qkv[:, (Hq + H) * d:].view(n, H, d)
+
+    def fused(kc, vc, key, value):
+        s = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+        ops.cache_write(key, value, kc, vc, slot_t, s)
+        return s
+
+    def two_steps(kc, vc, key, value):
+        for i, s in enumerate(slots):
+            if 0 <= s < nb * P:
+                kc[s // P, s % P], vc[s // P, s % P] = key[i], value[i]
+        s = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+        ops.summary_update(kc, bt.to(DEV), lens.to(DEV), s, slot_mapping=slot_t)
+        return s
+
+    key, value = rows(1)
+    ka, va, kb, vb = (x.to(DEV) for x in (k, v, k, v))
+    sa, sb = fused(ka, va, key, value), two_steps(kb, vb, key, value)
+    torch.cuda.synchronize()
+    assert torch.equal(ka, kb) and torch.equal(va, vb)
+    for a, b in zip(sa, sb):
+        assert torch.equal(a, b)
+    assert sa[0][3].any() and sa[0][7].any() and not sa[0][5].any()
+
+    # A captured call replayed on new rows == the eager call on the same cache.
+    kg, vg = ka.clone(), va.clone()
+    sk, sv = (torch.empty_like(x) for x in rows(2))
+    sg = ops.new_summaries(nb, H, d, P, 8, DEV, "int4")
+    sk.copy_(rows(2)[0]), sv.copy_(rows(2)[1])
+    ops.cache_write(sk, sv, kg, vg, slot_t, sg)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.cache_write(sk, sv, kg, vg, slot_t, sg)
+    for seed in (3, 4):
+        key, value = rows(seed)
+        sk.copy_(key), sv.copy_(value)
+        g.replay()
+        se = fused(ka, va, key, value)
+        torch.cuda.synchronize()
+        assert torch.equal(kg, ka) and torch.equal(vg, va)
+        for a, b in zip(sg, se):
+            assert torch.equal(a, b)

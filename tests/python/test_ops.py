@@ -315,11 +315,12 @@ def _opcheck_args(precision):
         (L.select_pages.default, (ws, plan, q, list(s), bt, lens, pages.clone(), counts.clone())),
         (L.decode_attention.default, (ws, plan, q, k, v, bt, lens, pages, counts, out, lse)),
         (L.decode_attention.default, (ws, plan, q, k, v, bt, lens, None, None, out.clone(), lse.clone())),
+        (L.cache_write.default, (*_step_rows(3, k.dtype, 2), k.clone(), v.clone(), slots, s2)),
     ]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(7))
 def test_opcheck(precision, i):
     op, args = _opcheck_args(precision)[i]
     torch.library.opcheck(op, args)
@@ -485,3 +486,67 @@ def test_qweight_from_queries_is_the_group_rms_with_a_floor():
         ops.qweight_from_queries(q_obs[:, :5], H)
     with pytest.raises(ValueError, match="NaN"):
         ops.qweight_from_queries(torch.full((1, 2 * H, D), float("nan")), H)
+
+
+def _step_rows(n, dtype, seed):
+    """key / value [n, H, D] as vLLM hands them over: views into one fused QKV output."""
+    qkv = torch.randn(n, (3 * H + 2 * H) * D, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    key = qkv[:, 3 * H * D:4 * H * D].view(n, H, D)
+    value = qkv[:, 4 * H * D:].view(n, H, D)
+    assert not key.is_contiguous()
+    return key, value
+
+
+@pytest.mark.parametrize("layout", ["dense", "v1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_equals_the_write_then_summary_update(dtype, layout):
+    """cache_write = the K/V scatter (the last of two tokens naming one slot stays) followed by
+    summary_update(slot_mapping=...): the same cache bytes and the same summary bits, with a
+    whole page written in one call, padding, and the V1 runner's interleaved cache."""
+    nb = 12
+    k, v = make_cache(nb, dtype)
+    slots = [3 * P + P - 1, -1, 5 * P + 2] + [7 * P + j for j in range(P)] + [-1, 5 * P + 2]
+    n = len(slots)
+    slot_t = torch.tensor(slots, dtype=torch.int32)
+    key, value = _step_rows(n, dtype, 5)
+    bt, lens = batch(nb, [40], 3)
+    for with_summaries in (True, False):
+        ka, va, kb, vb = k.clone(), v.clone(), k.clone(), v.clone()
+        if layout == "v1":  # blocks 2 P H D apart, as in vLLM's V1 runner's [N, 2, P, H, D] cache
+            ka, va = strided(ka, "v1"), strided(va, "v1")
+        sa, sb = (ops.new_summaries(nb, H, D, P, 8, precision="int4") for _ in range(2))
+        ops.cache_write(key, value, ka, va, slot_t, sa if with_summaries else None)
+        for i, s in enumerate(slots):  # the reference: a plain scatter in token order
+            if s >= 0:
+                kb[s // P, s % P] = key[i]
+                vb[s // P, s % P] = value[i]
+        if with_summaries:
+            ops.summary_update(kb, bt, lens, sb, slot_mapping=slot_t)
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+        assert all(torch.equal(a, b) for a, b in zip(sa, sb))
+        built = sa[0].flatten(1).abs().sum(1) > 0  # mu_q of each block
+        assert built.tolist() == [with_summaries and b in (3, 7) for b in range(nb)]
+
+
+def test_cache_write_refuses_bad_calls_and_writes_nothing():
+    nb = 4
+    k, v = make_cache(nb)
+    key, value = _step_rows(2, torch.float32, 1)
+    s = ops.new_summaries(nb, H, D, P, 8)
+    ok = torch.tensor([P - 1, -1], dtype=torch.int32)
+    k0, v0 = k.clone(), v.clone()
+    bad = {
+        "slot past the cache": (key, value, torch.tensor([P - 1, nb * P], dtype=torch.int32), s),
+        "slot below -1": (key, value, torch.tensor([-2, 0], dtype=torch.int32), s),
+        "int64 slots": (key, value, ok.long(), s),
+        "key of another dtype": (key.double(), value, ok, s),
+        "key with a strided head dim": (key.transpose(1, 2).contiguous().transpose(1, 2), value, ok, s),
+        "rows and slots disagree": (key[:1], value[:1], ok, s),
+        "summaries of another cache": (key, value, ok, ops.new_summaries(nb + 1, H, D, P, 8)),
+        "non-finite key": (key.clone().fill_(math.inf), value, ok, s),
+    }
+    for what, (kk, vv, sl, ss) in bad.items():
+        with pytest.raises(ValueError):
+            ops.cache_write(kk, vv, k, v, sl, ss)
+        assert torch.equal(k, k0) and torch.equal(v, v0), what
+        assert not any(t.any() for t in s), what

@@ -1,6 +1,8 @@
 """The backend impl on the compiled `locks` CPU operators (skipped where `locks` is not built):
 the same steps as test_backend_cpu, checked against the torch reference over the pages the
 operators selected (so selection near-ties cannot make it flaky)."""
+import types
+
 import pytest
 import torch
 
@@ -122,3 +124,64 @@ def test_real_ops_mixed_batch(monkeypatch, precision):
     want, _ = ref.attend(q[:2].float(), s.kv[0], s.kv[1], bt[:2], cm.seq_lens[:2], pages)
     assert ((out[:2].double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()
     assert torch.equal(out[2:], tb.flash_rows(s, q, bt, cm, range(2, 3)))
+
+
+def _engine_step(s, block_table, query_lens, seq_lens, gen):
+    """step() in the engine's order: the metadata first, then the K/V write and the attention
+    inside a forward context (vLLM's module slot, where do_kv_cache_update finds the step's
+    metadata; set directly: the tests' config is a stand-in that set_forward_context rejects)."""
+    import contextlib
+
+    import vllm.forward_context as fc
+
+    from helpers import common_metadata
+
+    @contextlib.contextmanager
+    def set_forward_context(attn_metadata, _cfg):
+        old, fc._forward_context = fc._forward_context, types.SimpleNamespace(attn_metadata=attn_metadata)
+        try:
+            yield
+        finally:
+            fc._forward_context = old
+
+    cm = common_metadata(query_lens, seq_lens, block_table)
+    n = cm.num_actual_tokens
+    q, k, v = (torch.randn(n, h, tb.D, generator=gen).to(torch.bfloat16) for h in (tb.HQ, H, H))
+    md = s.builder.build(0, cm)
+    out = torch.zeros(n, tb.HQ * tb.D, dtype=torch.bfloat16)
+    with set_forward_context({tb.NAME: md}, s.cfg):
+        s.impl.do_kv_cache_update(tb.LAYER, k, v, s.kv, cm.slot_mapping)
+        s.impl.forward(tb.LAYER, q, k, v, s.kv, md, out)
+    return md, out
+
+
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_decode_steps_write_and_summarize_in_one_op(monkeypatch, runner):
+    """In the engine (forward context set), a decode step's K/V write is locks.cache_write with
+    the summaries (forward then skips summary_update); prefill steps keep the two launches.
+    Against the same steps without the context (the scatter, then summary_update): the same
+    cache, summaries and outputs, bit for bit, across decode steps that complete pages."""
+    fused, plain = (_make(monkeypatch, {"precision": "int4", "budget": 64}, runner) for _ in range(2))
+    calls = []
+    real = locks.cache_write
+    monkeypatch.setattr(locks, "cache_write", lambda *a, **k: (calls.append(a[4].numel()), real(*a, **k)))
+    bt = tables()
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    md, o1 = _engine_step(fused, bt, [40, 29], [40, 29], g1)
+    _, _, _, o2 = step(plain, bt, [40, 29], [40, 29], g2)
+    assert not md.pure_decode and not md.fused_writes and calls == []  # prefill: two launches
+    for t in range(1, 5):  # 41..44 / 30..33: sequence 1 completes its page at 32
+        md, o1 = _engine_step(fused, bt, [1, 1], [40 + t, 29 + t], g1)
+        _, _, _, o2 = step(plain, bt, [1, 1], [40 + t, 29 + t], g2)
+        assert md.pure_decode and md.fused_writes == {tb.NAME}
+        assert torch.equal(o1, o2.view_as(o1))
+    assert len(calls) == 4
+    assert torch.equal(fused.kv, plain.kv)
+    for a, b in zip(fused.impl.side.summaries(), plain.impl.side.summaries()):
+        assert torch.equal(a, b)
+    assert fused.impl.side.summaries()[0][int(bt[1, 1])].any()  # the page completed at 32
+    # fused_write off: the same engine step takes the two launches
+    off = _make(monkeypatch, {"precision": "int4", "budget": 64, "fused_write": False}, runner)
+    _engine_step(off, bt, [40, 29], [40, 29], torch.Generator().manual_seed(5))
+    md, _ = _engine_step(off, bt, [1, 1], [41, 30], torch.Generator().manual_seed(6))
+    assert md.pure_decode and not md.fused_writes and len(calls) == 4

@@ -27,6 +27,10 @@ def test_settings_defaults_and_sources():
     assert s.effective_min_context == 512
     s = parse_settings({"locks": {"budget": 512}}, environ={"LOCKS_BUDGET": "1024", "LOCKS_MIN_CONTEXT": "4096"})
     assert s.budget == 1024 and s.effective_min_context == 4096  # the environment wins
+    assert LocksSettings().fused_write
+    for v, want in ((False, False), ("false", False), ("0", False), (1, True), ("True", True)):
+        assert parse_settings({"locks": {"fused_write": v}}, environ={}).fused_write is want
+    assert not parse_settings({"locks": {"fused_write": True}}, environ={"LOCKS_FUSED_WRITE": "0"}).fused_write
 
 
 @pytest.mark.parametrize("cfg,msg", [
@@ -34,6 +38,7 @@ def test_settings_defaults_and_sources():
     ({"precision": "int8"}, "precision"), ({"budgett": 1}, "unknown locks setting"),
     ({"budget": "lots"}, "integer"), ({"budget": 32, "sink_pages": 1, "recent_pages": 1}, "budget"),
     ({"sink_pages": -1}, "sink_pages"), ({"budget": True}, "integer"),
+    ({"fused_write": "sometimes"}, "fused_write"), ({"fused_write": 2}, "fused_write"),
 ])
 def test_settings_refused_with_the_setting_named(cfg, msg):
     with pytest.raises(ValueError, match=msg):

@@ -39,6 +39,10 @@ class LocksMetadata:
     # (the impl's super_update finds the group each row's one token completed, graph-safe).
     super_table: torch.Tensor | None = None
     super_jobs: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The layers whose cache write this step already rebuilt their summaries (the impl's fused
+    # decode write, impl.do_kv_cache_update): their forward skips summary_update. Host-side
+    # bookkeeping of one step (a captured graph holds whichever launches capture made).
+    fused_writes: set = dataclasses.field(default_factory=set)
 
 
 def batch_buckets(max_batch: int) -> list[int]:

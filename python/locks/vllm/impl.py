@@ -75,6 +75,21 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
         fb * geom.page_size * s.group_pages, fb, num_blocks, sup, 100.0 * sup / kv)
 
 
+def _step_metadata(layer_name: str):
+    """This step's LocksMetadata for the layer from vLLM's forward context (what its attention
+    op reads too), or None outside a model forward (direct calls in tests, profiling runs)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    md = get_forward_context().attn_metadata
+    if isinstance(md, list):  # speculative decoding: [0] is the base model's
+        md = md[0] if md else None
+    if isinstance(md, dict):
+        md = md.get(layer_name)
+    return md if isinstance(md, LocksMetadata) else None
+
+
 def _attention_prefix() -> str | None:
     """The prefix of the Attention layer being built: vLLM constructs the impl inside
     Attention.__init__ (which has `prefix`) and passes no layer name to the impl."""
@@ -153,6 +168,15 @@ class LocksAttentionImpl(FlashAttentionImpl):
     # -- cache writes ------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
+        md = _step_metadata(self.layer_prefix)
+        if md is not None and md.pure_decode and self.kv_cache_dtype == "auto" and self.settings.fused_write:
+            # A decode step: the K/V write and the rebuild of the blocks it completes in one
+            # launch (locks.cache_write; one token a row, so its O(n^2) slot scan is the batch's)
+            # instead of reshape_and_cache_flash + a summary_update launch in forward.
+            n = key.shape[0]
+            ops().cache_write(key, value, k_cache, v_cache, md.slot_mapping[:n], self.side.summaries())
+            md.fused_writes.add(self.layer_prefix)
+            return
         if kv_cache.is_cuda:
             from vllm._custom_ops import reshape_and_cache_flash
 
@@ -216,8 +240,10 @@ class LocksAttentionImpl(FlashAttentionImpl):
         n = query.shape[0]
         # Rebuild the summary of every block whose last slot this step wrote (decode, chunked
         # prefill, prefix-cache tails, reused blocks): graph-safe, reads the persistent slots.
-        ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
-                             slot_mapping=md.slot_mapping[:n])
+        # Decode steps did it in do_kv_cache_update (the fused write).
+        if self.layer_prefix not in md.fused_writes:
+            ops().summary_update(k_cache, md.block_table, md.seq_lens, summaries,
+                                 slot_mapping=md.slot_mapping[:n])
         if self.geom.group_pages:
             self._update_supers(md, k_cache, n)
         if md.mixed_decodes:

@@ -44,6 +44,16 @@ def summary_update(k_cache, summaries, slot_mapping, rank: int) -> None:
     build_summaries(k_cache, filled_blocks(slot_mapping, k_cache.shape[1]), summaries, rank)
 
 
+def write_slots(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """Token i's key / value rows [n, H, d] into slot slot_mapping[i] (-1 = padding), in token
+    order (the last of several tokens naming one slot stays)."""
+    P = k_cache.shape[1]
+    for i, s in enumerate(slot_mapping.reshape(-1).tolist()):
+        if s >= 0:
+            k_cache[s // P, s % P] = key[i].to(k_cache.dtype)
+            v_cache[s // P, s % P] = value[i].to(v_cache.dtype)
+
+
 def _num_pages(n: int, P: int) -> int:
     return -(-n // P)
 
@@ -161,6 +171,7 @@ class ReferenceOps:
     def __init__(self, rank: int):
         self.rank = rank
         self.updates = 0
+        self.writes = 0
 
     DecodeWrapper = ReferenceWrapper
 
@@ -174,6 +185,13 @@ class ReferenceOps:
     def summary_update(self, k_cache, block_table, seq_lens, summaries, slot_mapping=None):
         self.updates += 1
         summary_update(k_cache, summaries, slot_mapping, self.rank)
+
+    def cache_write(self, key, value, k_cache, v_cache, slot_mapping, summaries=None):
+        """locks.cache_write: the writes, then the summary update over the same slots."""
+        self.writes += 1
+        write_slots(key, value, k_cache, v_cache, slot_mapping)
+        if summaries is not None:
+            summary_update(k_cache, summaries, slot_mapping, self.rank)
 
     @staticmethod
     def supports(backend, *, head_dim, page_size=16, group=1, kv_dtype=torch.bfloat16, rank=8,

@@ -42,6 +42,10 @@ class LocksSettings:
     # rounded up to whole groups), where level 1 and the group choice would cost more than they
     # save. None = TwoLevelConfig's own floor (8 complete groups).
     two_level_min_context: int | None = None
+    # Decode steps write K/V and rebuild the summaries of the blocks they complete in one launch
+    # (locks.cache_write); False = vLLM's reshape_and_cache_flash, then a summary_update launch
+    # (the two-launch path prefill steps always take; kept for A/B runs).
+    fused_write: bool = True
 
     @property
     def effective_min_context(self) -> int:
@@ -59,6 +63,7 @@ ENV = {  # setting -> environment variable
     "alpha": "LOCKS_ALPHA",
     "min_groups": "LOCKS_MIN_GROUPS",
     "two_level_min_context": "LOCKS_TWO_LEVEL_MIN_CONTEXT",
+    "fused_write": "LOCKS_FUSED_WRITE",
 }
 
 
@@ -72,6 +77,16 @@ def _as_int(name: str, v: Any, source: str) -> int:
     if isinstance(v, float) and v != i:
         raise ValueError(f"locks setting {name!r} ({source}) must be an integer, got {v!r}")
     return i
+
+
+def _as_bool(name: str, v: Any, source: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "0", "false"):
+        return v.strip().lower() in ("1", "true")
+    raise ValueError(f"locks setting {name!r} ({source}) must be true or false (or 1 / 0), got {v!r}")
 
 
 def _as_float(name: str, v: Any, source: str) -> float:
@@ -117,6 +132,8 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             vals[k] = None
         elif k == "alpha":
             vals[k] = _as_float(k, v, src)
+        elif k == "fused_write":
+            vals[k] = _as_bool(k, v, src)
         else:
             vals[k] = _as_int(k, v, src)
     s = LocksSettings(**vals)
