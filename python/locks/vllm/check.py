@@ -603,22 +603,27 @@ def latency(args) -> int:
         if model == "glm" and args.glm_kv_groups:  # the byte targets assumed 2
             cfg["multi_query_group_num"] = args.glm_kv_groups
             SHAPES["glm"] = (40, args.glm_kv_groups, 128, SHAPES["glm"][3])
-        max_len = max(c for c, _ in cb) + 256
+        N = args.decode_tokens
+        room = 192 + N  # decode room past the prompt (256 at the default 64 timed steps)
+        max_len = max(c for c, _ in cb) + room
         if model == "llama":
             cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_len)
-        else:  # GLM's limit is its seq_length (1M): the "1M" row uses 1M - 256 prompt tokens
+        else:  # GLM's limit is its seq_length (1M): the "1M" row uses 1M - room prompt tokens
             max_len = min(max_len, cfg["seq_length"])
-        cb = [(min(c, max_len - 256), b) for c, b in cb]
+        cb = [(min(c, max_len - room), b) for c, b in cb]
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
         vocab = cfg.get("padded_vocab_size", cfg.get("vocab_size"))
         runs = []
         for c, b in cb:
             prompts = [[(7 + 13 * i + 31 * j) % (vocab - 1000) + 100 for i in range(c)] for j in range(b)]
-            # warm (prefill fills the prefix cache), then two timed decodes that differ by 64 steps
+            # warm (prefill fills the prefix cache), then timed decodes of 8 and 8 + N steps, each
+            # twice: the time per token is (the faster long - the faster short) / N, so one slow
+            # prefix-cache lookup or short run does not move it
             runs += [{"name": f"{c}x{b}:warm", "prompts": prompts, "max_tokens": 1},
                      {"name": f"{c}x{b}:short", "prompts": prompts, "max_tokens": 8},
-                     {"name": f"{c}x{b}:long", "prompts": prompts, "max_tokens": 72},
-                     {"name": f"{c}x{b}:long2", "prompts": prompts, "max_tokens": 72}]
+                     {"name": f"{c}x{b}:short2", "prompts": prompts, "max_tokens": 8},
+                     {"name": f"{c}x{b}:long", "prompts": prompts, "max_tokens": 8 + N},
+                     {"name": f"{c}x{b}:long2", "prompts": prompts, "max_tokens": 8 + N}]
         maxb = max(b for _, b in cb)
         kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=max_len, gpu_memory_utilization=args.mem, block_size=16,
@@ -639,7 +644,7 @@ def latency(args) -> int:
                 if r is None:
                     continue
                 t = {x["name"].split(":")[1]: x["seconds"] for x in r["runs"] if x["name"].startswith(f"{c}x{b}:")}
-                row[be] = {"tpot_ms": 1000 * (min(t["long"], t["long2"]) - t["short"]) / 64,
+                row[be] = {"tpot_ms": 1000 * (min(t["long"], t["long2"]) - min(t["short"], t["short2"])) / N,
                            "prefill_s": t["warm"]}
             if "FLASH_ATTN" in row and "CUSTOM" in row:
                 row["speedup"] = row["FLASH_ATTN"]["tpot_ms"] / row["CUSTOM"]["tpot_ms"]
@@ -666,12 +671,12 @@ def latency(args) -> int:
               f"{r.get('speedup', nan):>8.2f} {r['bytes_ratio']:>10.2f} {h2:>10.3f} "
               f"{r.get('speedup_h2', nan):>10.2f} {r.get('bytes_ratio_h2', nan):>8.2f}")
         if "CUSTOM_SPLIT" in r:  # the A/B of the fused decode write, same invocation
-            print(f"{'':6} {'':>8} {'':>2} two-launch write (CUSTOM_SPLIT): "
+            print(f"{r['model']:6} {r['context']:>8} {r['batch']:>2} two-launch write (CUSTOM_SPLIT): "
                   f"{r['CUSTOM_SPLIT']['tpot_ms']:.3f} ms/tok, {r.get('speedup_split', nan):.2f}x")
     meta = {"glm_kv_groups": SHAPES["glm"][1], "skip_prefill_attention": args.skip_prefill, "budget": args.budget,
             "group_pages_h2": args.group_pages, "runner_v2": args.runner,
             "fa_max_splits_for_cuda_graph": args.fa_splits, "graphs": "FULL_DECODE_ONLY, compile mode 0",
-            "prefix_caching": True, "rows": table}
+            "prefix_caching": True, "decode_tokens": args.decode_tokens, "rows": table}
     json.dump(meta, open(os.path.join(args.out, "vllm_latency.json"), "w"), indent=1)
     want = [k for k, be in (("speedup", "CUSTOM"), ("speedup_h2", "CUSTOM_H2")) if be in args.backends.split(",")]
     return 0 if all(k in r for r in table for k in want) else 1
@@ -744,6 +749,8 @@ def main(argv=None) -> int:
     lt.add_argument("--fa-splits", type=int, default=32)
     lt.add_argument("--runner", default="1")
     lt.add_argument("--timeout", type=int, default=420)
+    lt.add_argument("--decode-tokens", type=int, default=int(os.environ.get("LOCKS_VLLM_DECODE_TOKENS", "64")),
+                    help="timed decode steps between the short and the long runs (env LOCKS_VLLM_DECODE_TOKENS)")
     lt.add_argument("--glm-kv-groups", type=int, default=0,
                     help="override GLM's multi_query_group_num (published 1M config: 4)")
     lt.add_argument("--no-skip-prefill", dest="skip_prefill", action="store_false")
