@@ -301,7 +301,8 @@ def summary_update(k_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: t
 
 
 def cache_write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, slot_mapping: torch.Tensor, summaries=None) -> None:
+                v_cache: torch.Tensor, slot_mapping: torch.Tensor, summaries=None, *,
+                validate: bool = False) -> None:
     """A step's cache write and summary update in one op: token i's key / value rows
     ([n, num_kv_heads, head_dim] in the cache's dtype, head dim contiguous; views into a fused
     QKV output are fine) go to slot slot_mapping[i] (int32, block * P + offset, -1 = padding;
@@ -309,7 +310,13 @@ def cache_write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     whose last slot was named is rebuilt from the cache after the writes: the same bits as the
     writes followed by summary_update(..., slot_mapping=slot_mapping). CUDA: one launch, no
     host sync (graph-safe), made for decode steps (each (token, KV head) block reads the n
-    slots: O(n^2)); slots outside the cache are skipped there (the CPU refuses them)."""
+    slots: O(n^2)); slots outside the cache are skipped there (the CPU refuses them).
+    validate: ValueError for such a slot on any device (one host sync)."""
+    if validate and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        from .wrapper import validate_device_values
+
+        validate_device_values(None, None, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0],
+                               slot_mapping=slot_mapping)
     _ops.cache_write(key, value, k_cache, v_cache, slot_mapping,
                      list(summaries) if summaries is not None else [])
 

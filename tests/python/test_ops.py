@@ -550,3 +550,6 @@ def test_cache_write_refuses_bad_calls_and_writes_nothing():
             ops.cache_write(kk, vv, k, v, sl, ss)
         assert torch.equal(k, k0) and torch.equal(v, v0), what
         assert not any(t.any() for t in s), what
+    # validate=True: the same slot refused by the host-side check (what the CUDA op would skip)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ops.cache_write(key, value, k, v, torch.tensor([P - 1, nb * P], dtype=torch.int32), s, validate=True)
