@@ -4,7 +4,8 @@
 // rank, precision), the selection rules (budget, sinks, recent pages, tau, floor, minimum
 // context), the two-level options (S, rank, extent, alpha, min_groups, first groups,
 // flat_below_groups), the batch the run is called with (its size, block table, lengths) and
-// whether a key or the query is non-finite. Each call either succeeds, with a selection of
+// whether a key or the query is non-finite; in the op-by-op mode a cache write
+// (cache_write_slots) may come first. Each call either succeeds, with a selection of
 // ascending real pages of each sequence within the capacity and a finite log-sum-exp where
 // every input was finite, or throws a locks::Error with its outputs as they were (contract.h:
 // outputs whole or not at all). Any other exception, a sanitizer report or an output touched
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "locks/cache_write.h"
 #include "locks/contract.h"
 #include "locks/dtype.h"
 #include "locks/error.h"
@@ -218,6 +220,44 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // call leaving its own outputs untouched; then the attention over a selection the
         // caller may have edited (it must refuse one that is not ascending real pages).
         const Workspace w{ws, plan.workspace_bytes};
+        if (in.pick(2) == 1) {
+          // A step's cache write first (cache_write_slots): slots in range, padding, past the
+          // cache or anything, duplicates by chance; rows at odd strides. A refused call
+          // leaves the cache as it was; a call that succeeds leaves in each named slot the row
+          // of the last token naming it.
+          const int n = in.pick(6), H = L.num_kv_heads;
+          std::vector<int32_t> slots(static_cast<size_t>(n));
+          for (int32_t& x : slots)
+            x = in.pick(8) == 7 ? in.i16() : in.pick(int(L.num_blocks) * L.page_size + 1) - 1;
+          const int64_t hs = d + in.pick(3), ts = H * hs + in.pick(3);
+          std::vector<std::byte> rk(size_t(n * ts + 1) * es), rv(rk.size());
+          for (size_t i = 0; i < rk.size() / es; ++i) {
+            store(rk.data(), L.dtype, i, rng.next());
+            store(rv.data(), L.dtype, i, rng.next());
+          }
+          if (nonfinite == 3 && n > 0) store(rv.data(), L.dtype, size_t(hs), NAN);
+          const TokenRows tr{rk.data(), rv.data(), n, ts, hs, ts, hs};
+          const std::vector<std::byte> k0 = k, v0 = v;
+          const SummaryView sv = summaries.view();
+          try {
+            cpu::cache_write_slots({k.data(), v.data(), L}, tr, slots.data(), &sv);
+            for (int t = 0; t < n; ++t) {
+              const int32_t x = slots[size_t(t)];
+              bool last = x >= 0;
+              for (int u = t + 1; u < n; ++u) last = last && slots[size_t(u)] != x;
+              for (int h = 0; last && h < H; ++h) {
+                const size_t at = size_t(L.offset(x / L.page_size, x % L.page_size, h)) * es;
+                if (std::memcmp(k.data() + at, rk.data() + size_t(t * ts + h * hs) * es,
+                                size_t(d) * es) != 0 ||
+                    std::memcmp(v.data() + at, rv.data() + size_t(t * ts + h * hs) * es,
+                                size_t(d) * es) != 0)
+                  std::abort();
+              }
+            }
+          } catch (const Error&) {
+            if (k != k0 || v != v0) std::abort();  // a refused call wrote the cache
+          }
+        }
         const size_t rows = size_t(B) * Hq * M;
         std::vector<float> hs(rows, -5.0f), gs(size_t(B) * L.num_kv_heads * M, -5.0f);
         auto all_are = [](const std::vector<float>& x, float v) {
