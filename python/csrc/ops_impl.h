@@ -94,8 +94,7 @@ void cache_write(const at::Tensor& key, const at::Tensor& value, const at::Tenso
   const locks::TokenRows rows = token_rows(key, value, c.layout, slot_mapping.numel());
   std::optional<locks::SummaryView> s;
   if (!summaries.empty()) s = summary_view(summaries, &c.layout);
-  const locks::KvCacheWriteView w{k_cache.data_ptr(), v_cache.data_ptr(), c.layout,
-                                  c.block_stride};
+  const locks::KvCacheWriteView w{k_cache.data_ptr(), v_cache.data_ptr(), c.layout, c.block_stride};
   translate_errors([&] {
     B::cache_write_slots(w, rows, slot_mapping.data_ptr<int32_t>(), s ? &*s : nullptr,
                          B::stream(dev));

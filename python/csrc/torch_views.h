@@ -128,15 +128,15 @@ inline locks::KvCacheView cache_view(const at::Tensor& k, const at::Tensor* v) {
 inline locks::TokenRows token_rows(const at::Tensor& key, const at::Tensor& value,
                                    const locks::CacheLayout& l, int64_t n) {
   const at::ScalarType want = key.scalar_type();
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&key, "key"},
-                                {&value, "value"}}) {
+  for (const auto& [t, name] :
+       {std::pair<const at::Tensor*, const char*>{&key, "key"}, {&value, "value"}}) {
     TORCH_CHECK_VALUE(t->dim() == 3 && t->size(0) == n && t->size(1) == l.num_kv_heads &&
                           t->size(2) == l.head_dim,
                       name, ": expected [", n, ", ", l.num_kv_heads, ", ", l.head_dim,
                       "] (slot_mapping's tokens, the cache's KV heads and head_dim), got ",
                       t->sizes());
-    TORCH_CHECK_VALUE(to_dtype(t->scalar_type(), name) == l.dtype && t->scalar_type() == want,
-                      name, ": dtype ", t->scalar_type(), " differs from the cache's");
+    TORCH_CHECK_VALUE(to_dtype(t->scalar_type(), name) == l.dtype && t->scalar_type() == want, name,
+                      ": dtype ", t->scalar_type(), " differs from the cache's");
     TORCH_CHECK_VALUE(t->stride(2) == 1, name,
                       ": the head dim must be contiguous (stride 1), got stride ", t->stride(2));
   }
