@@ -355,33 +355,44 @@ def test_prefix_hits_and_reused_blocks_keep_supers_right(monkeypatch):
 
 def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys):
     """The latency mode's arithmetic on stand-in engine runs: time per output token from the
-    long and short decodes (64 steps apart), speedups of flat and two-level LOCKS over
-    FLASH_ATTN, the byte ratios, the engines' settings (CUSTOM_H2 = CUSTOM with group_pages)."""
+    faster of two long and of two short decodes (N = decode_tokens steps apart; one slow short
+    run does not move it), speedups of flat and two-level LOCKS and of the two-launch write
+    over FLASH_ATTN, the byte ratios, the engines' settings (CUSTOM_H2 = CUSTOM with
+    group_pages, CUSTOM_SPLIT = CUSTOM with fused_write off)."""
     import types
 
     import locks.vllm.check as chk
 
-    per_token = {"flash_attn": 0.020, "custom": 0.010, "custom_h2": 0.008}  # seconds
+    per_token = {"flash_attn": 0.020, "custom": 0.010, "custom_h2": 0.008, "custom_split": 0.0125}  # s
     seen = {}
+    N = 128
 
     def fake_run(tag, kw, runs, env, out, **_):
         seen[tag] = kw
         be = tag.split("-", 2)[2]
-        t = {"warm": 1.0, "short": 0.5, "long": 0.5 + 64 * per_token[be], "long2": 0.6 + 64 * per_token[be]}
+        t = {"warm": 1.0, "short": 0.5, "short2": 0.56, "long": 0.5 + N * per_token[be],
+             "long2": 0.6 + N * per_token[be]}
+        assert {r["max_tokens"] for r in runs if r["name"].endswith("long")} == {8 + N}
         return {"runs": [{"name": r["name"], "seconds": t[r["name"].split(":")[1]]} for r in runs]}
 
     monkeypatch.setattr(chk, "run_engine", fake_run)
     a = types.SimpleNamespace(rows="glm 1048576 1", skip_prefill=True, runner="1", glm_kv_groups=0, mem=0.9,
-                              chunk=32768, backends="FLASH_ATTN,CUSTOM,CUSTOM_H2", budget=2048, group_pages=32,
-                              fa_splits=32, timeout=10, out=str(tmp_path), kernel_profile=False)
+                              chunk=32768, backends="FLASH_ATTN,CUSTOM,CUSTOM_H2,CUSTOM_SPLIT", budget=2048,
+                              group_pages=32, fa_splits=32, timeout=10, out=str(tmp_path), kernel_profile=False,
+                              decode_tokens=N)
     assert chk.latency(a) == 0
-    row = __import__("json").load(open(tmp_path / "vllm_latency.json"))["rows"][0]
+    meta = __import__("json").load(open(tmp_path / "vllm_latency.json"))
+    row = meta["rows"][0]
+    assert meta["decode_tokens"] == N
     assert row["FLASH_ATTN"]["tpot_ms"] == pytest.approx(20.0)
     assert row["speedup"] == pytest.approx(2.0) and row["speedup_h2"] == pytest.approx(2.5)
+    assert row["speedup_split"] == pytest.approx(1.6)
     assert row["bytes_ratio_h2"] > row["bytes_ratio"] > 1
     assert seen["lat-glm-custom_h2"]["attention_backend"] == "CUSTOM"
     assert seen["lat-glm-custom_h2"]["additional_config"] == {"locks": {"budget": 2048, "group_pages": 32}}
-    assert "H2 speedup" in capsys.readouterr().out
+    assert seen["lat-glm-custom_split"]["additional_config"] == {"locks": {"budget": 2048, "fused_write": False}}
+    out = capsys.readouterr().out
+    assert "H2 speedup" in out and "two-launch write (CUSTOM_SPLIT)" in out
 
 
 @needs_ops
