@@ -126,7 +126,8 @@ void summary_build_slots(const KvCacheView& cache, const int32_t* slot_mapping, 
 // [0, num_blocks * P) is skipped (docs/bad_input.md). Each block reads the call's slot_mapping
 // once to find a later token naming its slot (the last one writes) and, for a block to build,
 // which token wrote each of its other rows (read from the rows, not from the cache being
-// written): O(n_tokens^2 x KV heads) slot reads, made for decode steps (n_tokens = the batch).
+// written): O(n_tokens^2 x KV heads) slot reads, made for decode steps (n_tokens = the batch;
+// at most limits::kCacheWriteMaxTokens, Unsupported above).
 void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
                        const int32_t* slot_mapping, const SummaryView* out, cudaStream_t stream);
 

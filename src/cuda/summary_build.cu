@@ -390,7 +390,11 @@ void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
   const int64_t n = rows.n_tokens, H = L.num_kv_heads;
   if (n == 0) return;
   if (slot_mapping == nullptr) locks::detail::fail(where, "slot_mapping is null");
-  if (n * H >= (int64_t(1) << 31)) locks::detail::fail(where, "too many tokens: ", n);
+  if (n > limits::kCacheWriteMaxTokens)
+    locks::detail::fail_as<Unsupported>(
+        where, n, " tokens: the CUDA cache write takes at most ", limits::kCacheWriteMaxTokens,
+        " a call (its slot scans are O(n^2): made for decode steps); write prefill K/V, then "
+        "call summary_build_slots");
   Work w{nullptr, n, nullptr, 0, nullptr, 1, true};
   w.slots = slot_mapping;
   w.num_blocks = L.num_blocks;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backend.h"
+#include "locks/cuda/limits.h"
 #include "locks/reference.h"
 #include "locks/rules.h"
 #include "test_compare.h"
@@ -542,6 +543,11 @@ TEST_P(BackendOps, CacheWriteSlotsBadCalls) {
   EXPECT_THROW(
       be_->cache_write_slots(wv, {dk.p, dk.p, -1, ts, d, ts, d}, ds.as<int32_t>(), nullptr),
       InvalidArgument);
+  if (be_->kind() == Backend::cuda)  // more tokens than the O(n^2) kernel takes
+    EXPECT_THROW(
+        be_->cache_write_slots(wv, {dk.p, dk.p, cuda::limits::kCacheWriteMaxTokens + 1, 0, d, 0, d},
+                               ds.as<int32_t>(), nullptr),
+        Unsupported);
   be_->finish();
   EXPECT_EQ(block_bytes(L.num_blocks - 1), last_before) << "a refused call wrote";
   for (const auto& pair : bad_slots) {

@@ -13,6 +13,11 @@ inline constexpr int kMaxGroup = 32;                // GQA group num_q_heads / n
 // Tensor-core scoring needs int4 summaries of this rank; other ranks and fp32 summaries
 // score on the CUDA-core kernel (any rank 1 <= r < page size).
 inline constexpr int kTensorCoreRank = 8;
+// Tokens of one cache_write_slots call: each of its (token, KV head) blocks reads the call's
+// slots (duplicates, the writers of a built block's rows), O(n^2) reads a call, so the op is
+// for decode steps (one token a sequence); more is refused (Unsupported) rather than run for
+// seconds. Prefill: the K/V write, then summary_build_slots.
+inline constexpr int kCacheWriteMaxTokens = 16384;
 
 constexpr bool head_dim_supported(int d) {
   for (int x : kHeadDims)

@@ -75,6 +75,11 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
         fb * geom.page_size * s.group_pages, fb, num_blocks, sup, 100.0 * sup / kv)
 
 
+# The CUDA cache write's cap on tokens a call (include/locks/cuda/limits.h,
+# kCacheWriteMaxTokens: its slot scans are O(n^2)); larger decode batches take the two launches.
+FUSED_WRITE_MAX_TOKENS = 16384
+
+
 def _step_metadata(layer_name: str):
     """This step's LocksMetadata for the layer from vLLM's forward context (what its attention
     op reads too), or None outside a model forward (direct calls in tests, profiling runs)."""
@@ -169,7 +174,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         md = _step_metadata(self.layer_prefix)
-        if md is not None and md.pure_decode and self.kv_cache_dtype == "auto" and self.settings.fused_write:
+        if (md is not None and md.pure_decode and self.kv_cache_dtype == "auto" and self.settings.fused_write
+                and key.shape[0] <= FUSED_WRITE_MAX_TOKENS):
             # A decode step: the K/V write and the rebuild of the blocks it completes in one
             # launch (locks.cache_write; one token a row, so its O(n^2) slot scan is the batch's)
             # instead of reshape_and_cache_flash + a summary_update launch in forward.
