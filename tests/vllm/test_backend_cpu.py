@@ -313,3 +313,19 @@ def test_kv_layouts_the_kernels_cannot_read_are_refused(setup, layout, why):
     out = torch.zeros(n, HQ * D, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match=why):
         s.impl.forward(LAYER, q, kv_new, kv_new, kv, md, out)
+
+
+def test_step_metadata_from_the_forward_context(monkeypatch, setup):
+    """The fused decode write finds the step's metadata where vLLM's attention op does: the
+    forward context's dict by layer name, or its first dict under speculative decoding; None
+    outside a forward, for another layer or for another backend's metadata."""
+    import vllm.forward_context as fc
+
+    s = setup({"budget": 64})
+    cm = common_metadata([1, 1], [40, 29], tables())
+    md = s.builder.build(0, cm)
+    assert im._step_metadata(NAME) is None  # no forward context: the two-launch write
+    for ctx, want in (({NAME: md}, md), ([{NAME: md}], md), ({"other.attn": md}, None),
+                      ({NAME: object()}, None), ([], None)):
+        monkeypatch.setattr(fc, "_forward_context", types.SimpleNamespace(attn_metadata=ctx))
+        assert im._step_metadata(NAME) is want
