@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "internal/check.h"
 #include "internal/row_convert.h"
 #include "locks/contract.h"
 #include "locks/error.h"
@@ -50,13 +51,7 @@ void cache_write_slots(const KvCacheWriteView& cache, const TokenRows& rows,
   if (out) {
     // The layout, query-weight and array checks of the build, before anything is written.
     summary_build(view, nullptr, 0, *out);
-    if (out->layout.precision == Precision::fp32) {
-      LOCKS_REQUIRE(out->mu && out->basis && out->coeff, "fp32 summary arrays are null");
-    } else {
-      LOCKS_REQUIRE(out->mu_q && out->mu_scale && out->basis_q && out->basis_scale &&
-                        out->coeff_q && out->coeff_scale,
-                    "quant summary arrays are null");
-    }
+    detail::check_summary_arrays(*out, __func__);
   }
   const int64_t n = rows.n_tokens;
   if (n == 0) return;

@@ -83,4 +83,13 @@ void check_selection(const Selection& sel, const BatchView& batch, int num_kv_he
   }
 }
 
+void check_summary_arrays(const SummaryView& out, const char* where) {
+  if (out.layout.precision == Precision::fp32) {
+    if (!(out.mu && out.basis && out.coeff)) fail(where, "fp32 summary arrays are null");
+  } else if (!(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
+               out.coeff_scale)) {
+    fail(where, "quant summary arrays are null");
+  }
+}
+
 }  // namespace locks::detail

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <vector>
 
+#include "internal/check.h"
 #include "locks/error.h"
 #include "locks/summary.h"
 
@@ -41,13 +42,7 @@ void summary_build(const KvCacheView& cache, const int32_t* block_ids, int64_t n
   if (n_blocks == 0) return;
   LOCKS_REQUIRE(block_ids != nullptr, "block_ids is null");
   LOCKS_REQUIRE(cache.k != nullptr, "cache.k is null");
-  if (sl.precision == Precision::fp32) {
-    LOCKS_REQUIRE(out.mu && out.basis && out.coeff, "fp32 summary arrays are null");
-  } else {
-    LOCKS_REQUIRE(out.mu_q && out.mu_scale && out.basis_q && out.basis_scale && out.coeff_q &&
-                      out.coeff_scale,
-                  "quant summary arrays are null");
-  }
+  detail::check_summary_arrays(out, __func__);
   for (int64_t i = 0; i < n_blocks; ++i) {
     LOCKS_REQUIRE(block_ids[i] >= 0 && block_ids[i] < cl.num_blocks, "block_ids[", i,
                   "] = ", block_ids[i], " outside [0, ", cl.num_blocks, ")");

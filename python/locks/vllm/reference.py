@@ -171,7 +171,6 @@ class ReferenceOps:
     def __init__(self, rank: int):
         self.rank = rank
         self.updates = 0
-        self.writes = 0
 
     DecodeWrapper = ReferenceWrapper
 
@@ -188,7 +187,6 @@ class ReferenceOps:
 
     def cache_write(self, key, value, k_cache, v_cache, slot_mapping, summaries=None):
         """locks.cache_write: the writes, then the summary update over the same slots."""
-        self.writes += 1
         write_slots(key, value, k_cache, v_cache, slot_mapping)
         if summaries is not None:
             summary_update(k_cache, summaries, slot_mapping, self.rank)

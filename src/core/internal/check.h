@@ -8,6 +8,7 @@
 #include "locks/kv_cache.h"
 #include "locks/score.h"
 #include "locks/select.h"
+#include "locks/summary.h"
 
 namespace locks::detail {
 
@@ -21,6 +22,8 @@ void check_batch_blocks(const BatchView& batch, int64_t num_blocks, int page_siz
 void check_query(const QueryView& q, int batch_size, int num_kv_heads, int head_dim,
                  const char* where);
 void check_scale(float scale, const char* where);
+// The arrays of out's precision non-null (the summary builds' output).
+void check_summary_arrays(const SummaryView& out, const char* where);
 // counts in [1, capacity]; pages strictly ascending within [0, pages of the sequence).
 void check_selection(const Selection& sel, const BatchView& batch, int num_kv_heads, int page_size,
                      const char* where);
