@@ -15,7 +15,8 @@
 #          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines.
 # gpu-tests: the backend's GPU tests without an engine (tests/vllm/test_gpu_*.py: two-level
 #          LOCKS with the decode step in a CUDA graph, against one bulk build and the operator;
-#          the fused decode write captured with the step, against the two-launch write).
+#          the fused decode write captured with the step, against the two-launch write;
+#          speculative-decoding verification steps captured in a graph, against one-token steps).
 # correct-h2: two-level LOCKS (group_pages 4) on SmolLM2-135M, V2 runner, graphs with prefix
 #          caching and graphs with chunked prefill: budget >= context token-identical to
 #          FLASH_ATTN (the super builds of prefill chunks, mixed and captured decode steps run);
@@ -79,7 +80,7 @@ for p in "${phases[@]}"; do
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
         $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
-    gpu-tests) run gpu-tests 300 python3 -m pytest -q -p no:cacheprovider -rs tests/vllm/test_gpu_two_level_backend.py tests/vllm/test_gpu_fused_write.py ;;
+    gpu-tests) run gpu-tests 300 python3 -m pytest -q -p no:cacheprovider -rs tests/vllm/test_gpu_two_level_backend.py tests/vllm/test_gpu_fused_write.py tests/vllm/test_gpu_spec_decode.py ;;
     correct-h2) run correct-h2 580 python3 -m locks.vllm.check correct-h2 --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} ;;
     latency-glm) run latency-glm 590 python3 -m locks.vllm.check latency --out "$V" ${LOCKS_VLLM_RUNNER:+--runner $LOCKS_VLLM_RUNNER} --timeout 280 \
         ${LOCKS_VLLM_BACKENDS:+--backends $LOCKS_VLLM_BACKENDS} \

@@ -27,7 +27,7 @@ class FakeModelConfig:
 
 def fake_config(*, heads=8, kv_heads=2, head_dim=128, max_model_len=512, block_size=16,
                 locks=None, cudagraph_mode=CUDAGraphMode.NONE, max_num_seqs=4, num_blocks=64,
-                kv_transfer_config=None, **cache_kw):
+                kv_transfer_config=None, speculative_config=None, **cache_kw):
     ns = types.SimpleNamespace
     return ns(
         model_config=FakeModelConfig(heads, kv_heads, head_dim, max_model_len),
@@ -41,7 +41,7 @@ def fake_config(*, heads=8, kv_heads=2, head_dim=128, max_model_len=512, block_s
         attention_config=ns(flash_attn_max_num_splits_for_cuda_graph=32),
         scheduler_config=ns(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                             disable_hybrid_kv_cache_manager=False),
-        speculative_config=None,
+        speculative_config=speculative_config,
         kv_transfer_config=kv_transfer_config,
         additional_config={"locks": locks or {}},
     )
@@ -61,3 +61,8 @@ def common_metadata(query_lens, seq_lens, block_table, page_size=16):
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(query_lens),
         num_actual_tokens=int(ql.sum()), max_query_len=int(ql.max()), max_seq_len=max(seq_lens),
         block_table_tensor=block_table, slot_mapping=torch.tensor(slots, dtype=torch.int64))
+
+
+def fake_spec(k=3, method="ngram_gpu", parallel_drafting=False):
+    """The SpeculativeConfig fields the plugin and vLLM's reorder threshold read."""
+    return types.SimpleNamespace(method=method, num_speculative_tokens=k, parallel_drafting=parallel_drafting)

@@ -49,13 +49,13 @@ def v1_layout(kv: torch.Tensor) -> torch.Tensor:
 
 
 def make_setup(monkeypatch, locks_cfg, cudagraph_mode=CUDAGraphMode.NONE, heads=HQ, window=None, ops=None,
-               runner="v2", device="cpu"):
+               runner="v2", device="cpu", spec=None):
     """One attention layer (impl + side cache + builder) over a cache of NB blocks (on the CPU
     unless `device` says otherwise); ops: the `locks` functions to use (default: the torch
     reference); runner: the KV-cache layout of vLLM's V2 ("v2", as the backend asks) or V1
     ("v1", v1_layout) model runner."""
     cfg = fake_config(heads=heads, kv_heads=H, head_dim=D, num_blocks=NB, locks=locks_cfg,
-                      cudagraph_mode=cudagraph_mode)
+                      cudagraph_mode=cudagraph_mode, speculative_config=spec)
     monkeypatch.setattr(im, "get_current_vllm_config", lambda: cfg)
     monkeypatch.setattr(im, "flash_attn_varlen_func", torch_flash_varlen)
     lib.set_ops(ops if ops is not None else ref.ReferenceOps(rank=locks_cfg.get("rank", 8)))
@@ -273,8 +273,7 @@ def test_impl_refusals(setup):
 def test_cudagraph_support_level():
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    assert bd.LocksMetadataBuilder.get_cudagraph_support(None, None) == \
-        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert bd.LocksMetadataBuilder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
     from locks.vllm.side_cache import LocksSummaryMetadataBuilder
 
     assert LocksSummaryMetadataBuilder.get_cudagraph_support(None, None) == AttentionCGSupport.ALWAYS

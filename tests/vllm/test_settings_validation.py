@@ -7,7 +7,7 @@ from locks.vllm.backend import LocksAttentionBackend
 from locks.vllm.engine_config import refuse_config
 from locks.vllm.settings import LocksSettings, parse_settings
 
-from helpers import fake_config
+from helpers import fake_config, fake_spec
 
 H200 = DeviceCapability(9, 0)
 
@@ -74,6 +74,17 @@ def test_engine_level_refusals():
     assert "--kv-transfer-config" in refuse_config(fake_config(kv_transfer_config=object()))[0]
     assert "--kv-offloading-size" in refuse_config(fake_config(kv_offloading_size=4.0))[0]
     assert "--block-size 32" in refuse_config(fake_config(block_size=32))[0]
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator"])
+def test_speculative_decoding_without_draft_attention_is_served(method):
+    assert refuse_config(fake_config(speculative_config=fake_spec(method=method))) == []
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft_model", "deepseek_mtp", "custom_class", None])
+def test_speculative_decoding_with_a_draft_model_is_refused_by_name(method):
+    why = refuse_config(fake_config(speculative_config=fake_spec(method=method)))
+    assert len(why) == 1 and repr(method) in why[0] and "ngram_gpu" in why[0], why
 
 
 def test_validate_accepts_both_model_runners(monkeypatch):

@@ -19,8 +19,9 @@ from .library import ops
 @dataclasses.dataclass
 class LocksMetadata:
     fa: FlashAttentionMetadata            # FlashAttention's metadata (prefill / mixed batches)
-    pure_decode: bool                     # every request has query length 1: the LOCKS path
-    num_decodes: int                      # leading requests of query length 1 (decodes first)
+    pure_decode: bool                     # every request is a decode (query length 1, or up to
+                                          # 1 + the speculative tokens): the LOCKS path
+    num_decodes: int                      # leading decode requests (decodes first)
     mixed_decodes: bool                   # a mixed batch whose decode rows take the LOCKS path (the
                                           # rest FlashAttention): some sequence reaches min_context
     dense: bool                           # LOCKS dense kernel for the whole batch (eager only: every
@@ -28,8 +29,10 @@ class LocksMetadata:
                                           # dense_below keeps each short sequence exact)
     num_reqs: int
     slot_mapping: torch.Tensor            # int32 persistent [max_tokens]; -1 past this step's tokens
-    block_table: torch.Tensor             # int32 persistent [max_batch, max_blocks]
-    seq_lens: torch.Tensor                # int32 persistent [max_batch]; 1 in padded rows
+    # The decode rows, one per decode token (token_rows below): persistent int32 copies.
+    block_table: torch.Tensor             # [max_batch, max_blocks]: the row's request's table
+    seq_lens: torch.Tensor                # [max_batch]: the row's context (its token included);
+                                          # 1 in padded rows
     bufs: "DecodeBuffers"
     # Two-level LOCKS (group_pages > 0), else None. super_table: int32 persistent [max_batch,
     # max_groups], group j's slot = its last block, block_table[:, j * S + S - 1].
@@ -43,6 +46,9 @@ class LocksMetadata:
     # decode write, impl.do_kv_cache_update): their forward skips summary_update. Host-side
     # bookkeeping of one step (a captured graph holds whichever launches capture made).
     fused_writes: set = dataclasses.field(default_factory=set)
+    # Decode tokens of this step (the rows of the LOCKS step): num_decodes unless speculative
+    # decoding gives decode requests several query tokens.
+    num_decode_tokens: int = 0
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -62,7 +68,8 @@ class DecodeBuffers:
     """Persistent buffers shared by every layer of the group (layers run one after another):
     lse, selection and the workspace of the layers' DecodeWrappers. The kernels read vLLM's
     query (model dtype, a strided view of the QKV output) and write its output buffer
-    directly: no staging copies."""
+    directly: no staging copies. max_batch counts decode rows: one per decode token (a
+    request's 1 + k tokens under speculative decoding are k + 1 rows, token_rows)."""
 
     def __init__(self, *, max_batch, num_q_heads, num_kv_heads, head_dim, max_blocks, max_tokens,
                  capacity, workspace_bytes, device, group_pages=0):
@@ -108,11 +115,27 @@ def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, bloc
     return blocks, slots
 
 
+def token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
+    """The decode rows of a step whose decode requests have several query tokens (speculative
+    decoding: the last token plus k drafts): row t is token t, attending causally, so its
+    context ends at its own position. Returns (request [num_tokens] int64, row_len
+    [num_tokens] int32): the request a token belongs to and its context length, seq_len minus
+    the request's tokens after it. On the device, no host sync (query_start_loc is
+    non-decreasing; padding requests of query length 0 own no token)."""
+    dev = seq_lens.device
+    n_req = seq_lens.shape[0]
+    t = torch.arange(num_tokens, device=dev, dtype=query_start_loc.dtype)
+    req = torch.searchsorted(query_start_loc[1: n_req + 1].contiguous(), t, right=True)
+    req = req.clamp(max=max(n_req - 1, 0))
+    after = query_start_loc[req + 1] - 1 - t          # the request's tokens after this one
+    return req, (seq_lens[req] - after).to(torch.int32)
+
+
 class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
-    # Full graphs for pure single-token decode; prefill and mixed batches run FlashAttention
-    # piecewise/eager (the Python choice between the two paths is frozen at capture, so a graph
-    # may only ever see one of them).
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    # Full graphs for pure decode batches of one query length (1, or 1 + k speculative tokens:
+    # UNIFORM_BATCH); prefill and mixed batches run FlashAttention piecewise/eager (the Python
+    # choice between the two paths is frozen at capture, so a graph may only ever see one).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     supports_update_block_table: bool = False
 
     @classmethod
@@ -121,12 +144,16 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)  # decodes first
+        # Decodes first; with speculative decoding a decode is a request of up to 1 + k query
+        # tokens (vLLM sets the threshold from the speculative config), each token a row of
+        # the LOCKS step.
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        self.decode_threshold = int(self.reorder_batch_threshold or 1)
         self.settings = settings_from(vllm_config)
         cg = vllm_config.compilation_config.cudagraph_mode
         self.full_graphs = bool(cg is not None and cg.has_full_cudagraphs())
         sc = vllm_config.scheduler_config
-        self.max_batch = max(sc.max_num_seqs, self.max_cudagraph_size or 0)
+        self.max_batch = max(sc.max_num_seqs * self.decode_threshold, self.max_cudagraph_size or 0)
         self.max_tokens = max(sc.max_num_batched_tokens, self.max_batch)
         self.max_blocks = -(-vllm_config.model_config.max_model_len // BLOCK_SIZE)
         self.bufs: DecodeBuffers | None = None
@@ -177,8 +204,9 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         fa = super().build(0, cm, fast_build)
         b = self._buffers()
         n_reqs, n_tok = cm.num_reqs, cm.num_actual_tokens
-        num_decodes, num_prefills, _, _ = split_decodes_and_prefills(cm, decode_threshold=1)
-        pure = num_prefills == 0 and cm.max_query_len == 1
+        num_decodes, num_prefills, nd_tok, _ = split_decodes_and_prefills(
+            cm, decode_threshold=self.decode_threshold)
+        pure = num_prefills == 0
         # Persistent int32 copies, written outside any graph. Rows/slots past this step: padding
         # (-1 slots rebuild nothing; padded rows read one valid token and are discarded).
         sm = cm.slot_mapping[:n_tok]
@@ -186,10 +214,21 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         b.slot_mapping[sm.shape[0]:].fill_(-1)
         bt = cm.block_table_tensor[:n_reqs]
         w = min(bt.shape[1], b.block_table.shape[1])
-        b.block_table[:n_reqs, :w].copy_(bt[:, :w], non_blocking=True)
-        # Graph padding rows may carry seq_len 0: clamp to 1 (one valid token, output discarded).
-        torch.clamp(cm.seq_lens[:n_reqs], min=1, out=b.seq_lens[:n_reqs])
-        b.seq_lens[n_reqs:].fill_(1)
+        # One row per decode token. With one token a request (no speculative decoding, or no
+        # drafts this step) the rows are the requests; otherwise token_rows maps each token to
+        # its request's table and its own causal length.
+        multi = cm.max_query_len > 1 and nd_tok > num_decodes
+        rows = nd_tok if multi else n_reqs
+        req = None
+        if multi and rows <= b.max_batch:
+            req, row_len = token_rows(cm.query_start_loc[: num_decodes + 1], cm.seq_lens[:num_decodes], rows)
+            b.block_table[:rows, :w].copy_(bt[req, :w], non_blocking=True)
+            torch.clamp(row_len, min=1, out=b.seq_lens[:rows])
+        elif not multi:
+            b.block_table[:n_reqs, :w].copy_(bt[:, :w], non_blocking=True)
+            # Graph padding rows may carry seq_len 0: clamp to 1 (one valid token, output discarded).
+            torch.clamp(cm.seq_lens[:n_reqs], min=1, out=b.seq_lens[:n_reqs])
+        b.seq_lens[min(rows, b.max_batch):].fill_(1)
         # Every sequence below the minimum context (eager only: a graph cannot switch paths; there
         # and in mixed batches the plan's dense_below keeps each short sequence exact).
         dense = (not self.full_graphs) and cm.max_seq_len < self.settings.effective_min_context
@@ -197,17 +236,22 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         # there): its decode rows take the LOCKS path too, unless no sequence of the batch reaches
         # min_context (then the whole batch stays on FlashAttention, as short decodes are
         # cheaper there; a decode row shorter than min_context is exact through dense_below).
-        mixed = (not pure and 0 < num_decodes <= b.max_batch
+        mixed = (not pure and 0 < nd_tok <= b.max_batch
                  and cm.max_seq_len >= self.settings.effective_min_context)
         jobs = None
         if b.super_table is not None:
             S = self.settings.group_pages
             g = min(w // S, b.super_table.shape[1])
-            b.super_table[:n_reqs, :g].copy_(bt[:, S - 1: g * S: S], non_blocking=True)
+            st = bt[:, S - 1: g * S: S]
+            if multi and req is not None:
+                b.super_table[:rows, :g].copy_(st[req], non_blocking=True)
+            elif not multi:
+                b.super_table[:n_reqs, :g].copy_(st, non_blocking=True)
             if not pure:
                 jobs = completed_groups(cm.query_start_loc[: n_reqs + 1], cm.seq_lens[:n_reqs], bt,
                                         S, BLOCK_SIZE, cm.max_query_len)
         return LocksMetadata(fa=fa, pure_decode=pure, num_decodes=num_decodes, mixed_decodes=mixed,
                              dense=dense, num_reqs=n_reqs, slot_mapping=b.slot_mapping,
                              block_table=b.block_table, seq_lens=b.seq_lens, bufs=b,
-                             super_table=b.super_table, super_jobs=jobs)
+                             super_table=b.super_table, super_jobs=jobs,
+                             num_decode_tokens=nd_tok if multi else num_decodes)

@@ -1,6 +1,6 @@
 """GPU checks of the vLLM plugin (run on the H200 through scripts/vllm_gpu.sh).
 
-  python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc,v2-graph-chunked]
+  python -m locks.vllm.check correct --out DIR [--configs v2-graph-pc,v2-eager,v1-graph,v1-eager-pc,v2-graph-chunked,v1-graph-spec]
   python -m locks.vllm.check latency --out DIR [--rows "glm 131072 1;glm 1048576 1;llama 131072 4"]
   python -m locks.vllm.check judge --out DIR   (the correct verdict again, from DIR's saved runs)
 
@@ -53,8 +53,13 @@ SHAPES = {"glm": (40, 4, 128, 9.40e9), "llama": (32, 8, 128, 8.03e9)}
 CORRECT_CONFIGS = {  # name: (V2 runner, full decode graphs, prefix caching)
     "v2-graph-pc": (True, True, True), "v2-eager": (True, False, False),
     "v1-graph": (False, True, False), "v1-eager-pc": (False, False, True),
-    "v2-graph-chunked": (True, True, False),
+    "v2-graph-chunked": (True, True, False), "v1-graph-spec": (False, True, False),
 }
+# Configurations with speculative decoding (every backend alike): n-gram proposals on the GPU
+# (no draft model), so decode steps verify 1 + 3 tokens a request; the ragged prompts repeat
+# this file, which the n-grams find. LOCKS serves them as one row a token (UNIFORM_BATCH graphs).
+CORRECT_SPEC = {"v1-graph-spec": {"method": "ngram_gpu", "num_speculative_tokens": 3,
+                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5}}
 # Configurations with a small token budget a step (max_num_batched_tokens): the ragged prompts
 # prefill in chunks over many steps while the shorter ones already decode, so steps mix decode
 # rows (the LOCKS step) with prefill chunks (FlashAttention over the rows after them).
@@ -439,6 +444,8 @@ def correct(args) -> int:
         kw = dict(base, enable_prefix_caching=pc, graphs=graphs)
         if name in CORRECT_CHUNK:
             kw["max_num_batched_tokens"] = CORRECT_CHUNK[name]
+        if name in CORRECT_SPEC:
+            kw["speculative_config"] = CORRECT_SPEC[name]
         first_config = name == args.configs.split(",")[0]
         with_pk = first_config and args.passkey
         fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
@@ -450,7 +457,8 @@ def correct(args) -> int:
         # in every configuration (config_noise_floor).
         tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
         entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "locks_settings": dense_locks,
-                 "max_num_batched_tokens": kw.get("max_num_batched_tokens")}
+                 "max_num_batched_tokens": kw.get("max_num_batched_tokens"),
+                 "speculative_config": kw.get("speculative_config")}
         if fa is None or lk is None or tr is None:
             entry["error"] = "engine failed (see logs)"
             ok = False

@@ -34,9 +34,17 @@ def refuse_config(vllm_config) -> list[str]:
     if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
         why.append("decode/prefill context parallelism is not supported; set it to 1")
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is not None:
-        why.append("speculative decoding is not supported yet (decode batches of one token only); "
-                   "drop --speculative-config")
+    method = getattr(spec, "method", None) if spec is not None else None
+    if spec is not None and method not in SPEC_METHODS:
+        why.append(f"speculative decoding with method {method!r} is not supported: its draft model's "
+                   "attention layers would need LOCKS summaries of their own; use a proposer without "
+                   f"attention layers ({', '.join(sorted(SPEC_METHODS))}) or drop --speculative-config")
     return why
+
+
+# Speculative decoding methods whose proposers have no attention layers of their own (n-gram
+# and suffix lookups, heads on the target's hidden states): the target model's decode steps
+# verify 1 + k tokens a request, which the LOCKS step serves as one row a token.
+SPEC_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator"})
 
 

@@ -253,11 +253,12 @@ class LocksAttentionImpl(FlashAttentionImpl):
         if self.geom.group_pages:
             self._update_supers(md, k_cache, n)
         if md.mixed_decodes:
-            # Decode rows [0, nd) sparse, the prefill / extend rows after them on FlashAttention.
-            nd = md.num_decodes
-            self._decode(md, query, k_cache, v_cache, summaries, output, nd, dense=False)
-            return self._prefill(layer, query, k_cache, v_cache, md.fa, output, first=nd,
-                                 num_reqs=md.num_reqs)
+            # The decode tokens [0, nt) sparse (one row each), the prefill / extend requests
+            # after them on FlashAttention.
+            nt = md.num_decode_tokens
+            self._decode(md, query, k_cache, v_cache, summaries, output, nt, dense=False)
+            return self._prefill(layer, query, k_cache, v_cache, md.fa, output, first=md.num_decodes,
+                                 first_token=nt, num_reqs=md.num_reqs)
         if not md.pure_decode or n > md.bufs.max_batch:
             return self._prefill(layer, query, k_cache, v_cache, md.fa, output)
         return self._decode(md, query, k_cache, v_cache, summaries, output, n, dense=md.dense)
@@ -275,7 +276,9 @@ class LocksAttentionImpl(FlashAttentionImpl):
             tl.super_build(k_cache, md.super_jobs[0], md.super_jobs[1], supers)
 
     def _decode(self, md, query, k_cache, v_cache, summaries, output, n: int, dense: bool):
-        """The LOCKS step over requests [0, n), one query token each (tokens [0, n))."""
+        """The LOCKS step over the decode rows [0, n): tokens [0, n), one row each (the
+        builder's block table and seq_lens rows; a request's rows under speculative decoding
+        share its table, each with its own causal length)."""
         b = md.bufs
         self.plan_for(b, k_cache.shape[0], k_cache.dtype, k_cache.device)
         # vLLM's query (a strided view of the QKV projection, model dtype) and output buffer go
@@ -293,26 +296,27 @@ class LocksAttentionImpl(FlashAttentionImpl):
         return output
 
     def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output,
-                 first: int = 0, num_reqs: int | None = None):
+                 first: int = 0, num_reqs: int | None = None, first_token: int | None = None):
         """FlashAttention over requests [first, num_reqs) (all of them by default): with first > 0
-        the decode rows before them went through the LOCKS step, and FlashAttention gets the
-        rows after them (their tokens start at token `first`: one token a decode row)."""
+        the decode requests before them went through the LOCKS step, and FlashAttention gets the
+        requests after them, whose tokens start at `first_token` (first: one token a decode)."""
         n = fa.num_actual_tokens
+        ft = first if first_token is None else first_token
         if fa.max_query_len > 1 and skip_prefill():  # benchmark-only mode, bench_backends.py
-            output[first:n].zero_()
+            output[ft:n].zero_()
             return output
         fn = flash_attn_varlen_func
         if fn is None:
             raise RuntimeError("LOCKS backend: vLLM's FlashAttention is not available for prefill")
         qsl, seq_lens, block_table, sched = (fa.query_start_loc, fa.seq_lens, fa.block_table,
                                              fa.scheduler_metadata)
-        if first > 0:  # the rows after the decodes; FlashAttention's precomputed schedule was
-            # made for the whole batch, so it plans this call itself
-            qsl = qsl[first:num_reqs + 1] - first
+        if first > 0:  # the requests after the decodes; FlashAttention's precomputed schedule
+            # was made for the whole batch, so it plans this call itself
+            qsl = qsl[first:num_reqs + 1] - ft
             seq_lens, block_table, sched = seq_lens[first:num_reqs], block_table[first:num_reqs], None
         descale_shape = (qsl.shape[0] - 1, self.num_kv_heads)
-        fn(q=query[first:n], k=k_cache, v=v_cache,
-           out=output.view(-1, self.num_heads, self.head_size)[first:n],
+        fn(q=query[ft:n], k=k_cache, v=v_cache,
+           out=output.view(-1, self.num_heads, self.head_size)[ft:n],
            cu_seqlens_q=qsl, max_seqlen_q=fa.max_query_len, seqused_k=seq_lens,
            max_seqlen_k=fa.max_seq_len, softmax_scale=self.scale, causal=True,
            window_size=None, block_table=block_table, softcap=0.0,

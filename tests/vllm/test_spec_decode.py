@@ -1,0 +1,190 @@
+"""Speculative decoding through the LOCKS step (method without draft attention layers): a
+decode request's 1 + k query tokens are k + 1 rows of the step, each attending causally to its
+own prefix, so a verification step gives the bits of the same tokens decoded one at a time.
+CPU tensors; the torch reference and, where built, the compiled operators (flat and
+two-level)."""
+import pytest
+import torch
+
+from vllm.config.compilation import CUDAGraphMode
+
+import locks.vllm.builder as bd
+import locks.vllm.library as lib
+from locks.vllm import reference as ref
+
+from helpers import common_metadata, fake_spec
+import test_backend_cpu as tb
+from test_backend_cpu import D, H, HQ, LAYER, check_summaries, dense_of, flash_rows, full_blocks
+
+try:
+    import locks
+
+    HAVE_OPS = hasattr(locks, "DecodeWrapper")
+    HAVE_TWO_LEVEL = hasattr(locks, "two_level")
+except ImportError:
+    HAVE_OPS = HAVE_TWO_LEVEL = False
+
+OPS = ["reference"] + (["compiled"] if HAVE_OPS else [])
+
+
+@pytest.fixture(autouse=True)
+def _reset_ops():
+    yield
+    lib.set_ops(None)
+
+
+def _make(monkeypatch, cfg, ops, **kw):
+    return tb.make_setup(monkeypatch, cfg, ops=locks if ops == "compiled" else None, **kw)
+
+
+def run(s, bt, query_lens, seq_lens, q, k, v, pad_to=None):
+    """One engine step with the given token rows (q [n, HQ, D], k / v [n, H, D]); pad_to: the
+    token count of a padded graph batch (rows past the real tokens: padding, as vLLM sends)."""
+    cm = common_metadata(query_lens, seq_lens, bt)
+    n = cm.num_actual_tokens
+    s.impl.do_kv_cache_update(LAYER, k, v, s.kv, cm.slot_mapping)
+    md = s.builder.build(0, cm)
+    m = pad_to or n
+    if m > n:
+        q = torch.cat([q, torch.zeros(m - n, HQ, D, dtype=q.dtype)])
+    out = torch.zeros(m, HQ * D, dtype=torch.bfloat16)
+    s.impl.forward(LAYER, q, k, v, s.kv, md, out)
+    return cm, md, out.view(m, HQ, D)
+
+
+def rand_rows(gen, n):
+    f = lambda *shape: torch.randn(*shape, generator=gen).to(torch.bfloat16)  # noqa: E731
+    return f(n, HQ, D), f(n, H, D), f(n, H, D)
+
+
+def test_token_rows_map_each_token_to_its_request_and_causal_length():
+    qsl = torch.tensor([0, 4, 5, 5, 8], dtype=torch.int32)        # request 2: graph padding (q 0)
+    seq = torch.tensor([104, 41, 0, 20], dtype=torch.int32)
+    req, rows = bd.token_rows(qsl, seq, 8)
+    assert req.tolist() == [0, 0, 0, 0, 1, 3, 3, 3]
+    assert rows.tolist() == [101, 102, 103, 104, 41, 18, 19, 20] and rows.dtype == torch.int32
+
+
+def test_the_builder_takes_the_speculative_tokens_as_decodes(monkeypatch):
+    s = _make(monkeypatch, {"precision": "fp32", "budget": 64}, "reference", spec=fake_spec(k=3))
+    assert s.builder.reorder_batch_threshold == s.builder.decode_threshold == 4
+    assert s.builder.max_batch == 4 * 4                               # max_num_seqs x (1 + k) rows
+    s = _make(monkeypatch, {"precision": "fp32"}, "reference", spec=fake_spec(k=2, parallel_drafting=True))
+    assert s.builder.decode_threshold == 5
+    s = _make(monkeypatch, {"precision": "fp32"}, "reference")
+    assert s.builder.decode_threshold == 1 and s.builder.max_batch == 4
+
+
+@pytest.mark.parametrize("ops", OPS)
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_verification_step_equals_one_token_steps(monkeypatch, ops, runner):
+    """Two requests verify 1 + 3 tokens each; request 0's tokens complete a page (positions
+    94-97 cross 95). Against the same tokens decoded one step at a time on a second backend:
+    the same output bits, the same summaries, really sparse."""
+    cfg = {"precision": "fp32" if ops == "reference" else "int4", "budget": 64}
+    a = _make(monkeypatch, cfg, ops, runner=runner, spec=fake_spec(k=3))
+    b = _make(monkeypatch, cfg, ops, runner=runner)
+    bt, gen = tb.tables(), torch.Generator().manual_seed(31)
+    q, k, v = rand_rows(gen, 131)
+    for s in (a, b):
+        run(s, bt, [94, 37], [94, 37], q, k, v)
+    q, k, v = rand_rows(gen, 8)                                       # request-major: 0,0,0,0,1,1,1,1
+    cm, md, out = run(a, bt, [4, 4], [98, 41], q, k, v)
+    assert md.pure_decode and md.num_decodes == 2 and md.num_decode_tokens == 8
+    assert md.seq_lens[:8].tolist() == [95, 96, 97, 98, 38, 39, 40, 41] and (md.seq_lens[8:] == 1).all()
+    assert torch.equal(md.block_table[:8], bt[[0, 0, 0, 0, 1, 1, 1, 1]])
+    for i in range(4):
+        idx = [i, 4 + i]
+        _, mdb, outb = run(b, bt, [1, 1], [95 + i, 38 + i], q[idx], k[idx], v[idx])
+        assert mdb.num_decode_tokens == 2
+        assert torch.equal(out[idx], outb), i
+    for s in (a, b):
+        if ops == "reference":
+            check_summaries(s, full_blocks(bt, [98, 41]))
+    for x, y in zip(a.impl.side.summaries(), b.impl.side.summaries()):
+        assert torch.equal(x, y)
+    dense = dense_of(a, q[3:4], bt[:1], cm.seq_lens[:1])
+    assert (out[3].double() - dense[0]).abs().max() > 1e-2           # row 3 (98 tokens) is sparse
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_mixed_step_speculative_decodes_then_a_prompt(monkeypatch, ops):
+    """Decode requests of 3 and 2 tokens, then a new prompt of 50: the 5 decode tokens take the
+    LOCKS step (each row against the reference over its own prefix), the prompt
+    FlashAttention over its own rows (its tokens start after the decode tokens, its request
+    after the decode requests)."""
+    cfg = {"precision": "fp32", "budget": 64}
+    s = _make(monkeypatch, cfg, ops, spec=fake_spec(k=2))
+    bt, gen = tb.tables3(), torch.Generator().manual_seed(32)
+    q, k, v = rand_rows(gen, 131)
+    run(s, bt[:2], [94, 37], [94, 37], q, k, v)
+    q, k, v = rand_rows(gen, 55)
+    cm, md, out = run(s, bt, [3, 2, 50], [97, 39, 50], q, k, v)
+    assert not md.pure_decode and md.mixed_decodes and (md.num_decodes, md.num_decode_tokens) == (2, 5)
+    rows_bt, rows_len = bt[[0, 0, 0, 1, 1]], torch.tensor([95, 96, 97, 38, 39], dtype=torch.int32)
+    if ops == "reference":
+        want, _ = ref.decode(q[:5].float(), s.kv[0], s.kv[1], s.impl.side.summaries(), rows_bt, rows_len,
+                             budget=64)
+        assert (out[:5].double() - want).abs().max() < 2 ** -7
+    else:
+        bufs = md.bufs
+        pages = [[[int(x) for x in bufs.pages[i, h, : int(bufs.counts[i, h])]] for h in range(H)]
+                 for i in range(5)]
+        want, _ = ref.attend(q[:5].float(), s.kv[0], s.kv[1], rows_bt, rows_len, pages)
+        assert ((out[:5].double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()
+    assert torch.equal(out[5:], flash_rows(s, q, bt, cm, range(2, 3)))
+    check_summaries(s, full_blocks(bt, [97, 39, 50]))
+    # The benchmark-only mode (prefill arithmetic skipped) zeroes the prompt's rows, not the
+    # decode tokens' (they start at token 5, not at request 2).
+    monkeypatch.setenv("LOCKS_BENCH_SKIP_PREFILL_ATTENTION", "1")
+    s2 = _make(monkeypatch, cfg, ops, spec=fake_spec(k=2))
+    s2.kv.copy_(s.kv)
+    for x, y in zip(s2.impl.side.summaries(), s.impl.side.summaries()):
+        x.copy_(y)
+    _, _, out2 = run(s2, bt, [3, 2, 50], [97, 39, 50], q, k, v)
+    assert torch.equal(out2[:5], out[:5]) and not out2[5:].any()
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_padded_uniform_graph_batch(monkeypatch, ops):
+    """A full-graph replay of a uniform batch (1 + k = 4 tokens a request) padded to 3 requests
+    / 12 tokens: the padding request owns no token, padded rows read one valid token, and the
+    real rows equal the unpadded step's."""
+    cfg = {"precision": "fp32", "budget": 64}
+    a = _make(monkeypatch, cfg, ops, spec=fake_spec(k=3), cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    b = _make(monkeypatch, cfg, ops, spec=fake_spec(k=3), cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    bt, gen = tb.tables(), torch.Generator().manual_seed(33)
+    q, k, v = rand_rows(gen, 131)
+    for s in (a, b):
+        run(s, bt, [94, 37], [94, 37], q, k, v)
+    q, k, v = rand_rows(gen, 8)
+    bt3 = torch.cat([bt, bt[:1]])
+    _, md, out = run(a, bt3, [4, 4, 0], [98, 41, 0], q, k, v, pad_to=12)
+    assert md.pure_decode and md.num_decode_tokens == 8 and (md.seq_lens[8:] == 1).all()
+    _, _, want = run(b, bt, [4, 4], [98, 41], q, k, v)
+    assert torch.equal(out[:8], want)
+
+
+@pytest.mark.skipif(not HAVE_TWO_LEVEL, reason="the compiled locks operators are not installed")
+def test_two_level_verification_step_equals_one_token_steps(monkeypatch):
+    """Two-level LOCKS (groups of 2 pages = 32 tokens): request 0's last token completes a group
+    (416 = 13 x 32) inside the verification step; every row equals the one-token steps, supers
+    included."""
+    cfg = {"precision": "int4", "budget": 64, "group_pages": 2, "alpha": 1.0, "min_groups": 4,
+           "two_level_min_context": 0}
+    a = _make(monkeypatch, cfg, "compiled", spec=fake_spec(k=3))
+    b = _make(monkeypatch, cfg, "compiled")
+    bt, gen = tb.tables(), torch.Generator().manual_seed(34)
+    q, k, v = rand_rows(gen, 470)
+    for s in (a, b):
+        run(s, bt, [412, 58], [412, 58], q, k, v)
+    q, k, v = rand_rows(gen, 8)
+    _, md, out = run(a, bt, [4, 4], [416, 62], q, k, v)
+    assert md.num_decode_tokens == 8
+    assert torch.equal(md.super_table[:8, :4], bt[[0, 0, 0, 0, 1, 1, 1, 1]][:, 1:8:2])
+    for i in range(4):
+        idx = [i, 4 + i]
+        _, _, outb = run(b, bt, [1, 1], [413 + i, 59 + i], q[idx], k[idx], v[idx])
+        assert torch.equal(out[idx], outb), i
+    for x, y in zip(a.impl.side.supers(), b.impl.side.supers()):
+        assert torch.equal(x, y)
