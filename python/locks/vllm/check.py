@@ -54,12 +54,19 @@ CORRECT_CONFIGS = {  # name: (V2 runner, full decode graphs, prefix caching)
     "v2-graph-pc": (True, True, True), "v2-eager": (True, False, False),
     "v1-graph": (False, True, False), "v1-eager-pc": (False, False, True),
     "v2-graph-chunked": (True, True, False), "v1-graph-spec": (False, True, False),
+    "v2-default": (True, True, True),
 }
 # Configurations with speculative decoding (every backend alike): n-gram proposals on the GPU
 # (no draft model), so decode steps verify 1 + 3 tokens a request; the ragged prompts repeat
 # this file, which the n-grams find. LOCKS serves them as one row a token (UNIFORM_BATCH graphs).
 CORRECT_SPEC = {"v1-graph-spec": {"method": "ngram_gpu", "num_speculative_tokens": 3,
                                   "prompt_lookup_min": 2, "prompt_lookup_max": 5}}
+# Configurations on vLLM's default compilation (VLLM_COMPILE: torch.compile with the attention
+# op split out, FULL_AND_PIECEWISE graphs), what `vllm serve` runs unless told otherwise; the
+# others use compile mode 0 and FULL_DECODE_ONLY (faster start-up). vLLM 0.26's ngram_gpu
+# proposer compiles its kernel under the engine's config, so it needs this mode. Capture sizes
+# in tokens: with 1 + 3 tokens a request, up to the 8 requests' 32.
+CORRECT_DEFAULT_COMPILE = {"v1-graph-spec": [4, 8, 16, 32], "v2-default": [1, 2, 4, 8]}
 # Configurations with a small token budget a step (max_num_batched_tokens): the ragged prompts
 # prefill in chunks over many steps while the shorter ones already decode, so steps mix decode
 # rows (the LOCKS step) with prefill chunks (FlashAttention over the rows after them).
@@ -77,11 +84,15 @@ def _engine_main(spec_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     kw = dict(spec["llm"])
-    if kw.pop("graphs", True):
-        kw["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                    "cudagraph_capture_sizes": spec.get("capture", [1, 2, 4, 8])}
-    else:
+    default_compile = kw.pop("default_compile", False)
+    capture = spec.get("capture", [1, 2, 4, 8])
+    if not kw.pop("graphs", True):
         kw["enforce_eager"] = True
+    elif default_compile:  # vLLM's defaults: VLLM_COMPILE, FULL_AND_PIECEWISE
+        kw["compilation_config"] = {"cudagraph_capture_sizes": capture}
+    else:
+        kw["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                    "cudagraph_capture_sizes": capture}
     t0 = time.time()
     llm = LLM(**kw)
     res = {"startup_s": time.time() - t0, "runs": []}
@@ -446,19 +457,22 @@ def correct(args) -> int:
             kw["max_num_batched_tokens"] = CORRECT_CHUNK[name]
         if name in CORRECT_SPEC:
             kw["speculative_config"] = CORRECT_SPEC[name]
+        capture = CORRECT_DEFAULT_COMPILE.get(name)
+        if capture:
+            kw["default_compile"] = True
         first_config = name == args.configs.split(",")[0]
         with_pk = first_config and args.passkey
         fa_runs = runs + ([{"name": "passkey", "prompts": passkeys, "max_tokens": 12}] if with_pk else [])
-        fa = run_engine(f"{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), fa_runs, env, args.out)
+        fa = run_engine(f"{name}-fa", dict(kw, attention_backend="FLASH_ATTN"), fa_runs, env, args.out, capture=capture)
         dense_locks = DENSE_LOCKS.get(name, DENSE_LOCKS_DEFAULT)
         lk = run_engine(f"{name}-locks-dense", dict(kw, attention_backend="CUSTOM",
-                        additional_config={"locks": dense_locks}), runs, env, args.out)
+                        additional_config={"locks": dense_locks}), runs, env, args.out, capture=capture)
         # The noise floor: vLLM's own second exact backend against FLASH_ATTN, same settings,
         # in every configuration (config_noise_floor).
-        tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out)
+        tr = run_engine(f"{name}-triton", dict(kw, attention_backend="TRITON_ATTN"), runs, env, args.out, capture=capture)
         entry = {"v2": v2, "graphs": graphs, "prefix_caching": pc, "locks_settings": dense_locks,
                  "max_num_batched_tokens": kw.get("max_num_batched_tokens"),
-                 "speculative_config": kw.get("speculative_config")}
+                 "speculative_config": kw.get("speculative_config"), "vllm_default_compile": bool(capture)}
         if fa is None or lk is None or tr is None:
             entry["error"] = "engine failed (see logs)"
             ok = False
@@ -470,7 +484,7 @@ def correct(args) -> int:
         if with_pk and fa is not None:
             lk5 = run_engine(f"{name}-locks-b512", dict(kw, attention_backend="CUSTOM",
                              additional_config={"locks": {"budget": 512}}),
-                             [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}], env, args.out)
+                             [{"name": "passkey", "prompts": passkeys, "max_tokens": 12}], env, args.out, capture=capture)
             fa_pk = fa["runs"][-1]["tokens"]
             got = {"prompt_tokens": [len(p) for p in passkeys], "answers": [t[1] for t in pk_tasks],
                    "flash_attn": [tok.decode(t) for t in fa_pk]}
