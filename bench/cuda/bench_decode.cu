@@ -20,6 +20,13 @@
 //   the page summaries are. --flat-below: TwoLevelConfig::flat_below_groups (rows with fewer
 //   complete groups score every page inside the two-level kernels; the level-2 list grows to
 //   hold them).
+//   --tokens-per-seq T (flat rows): speculative-decoding verification steps. The BATCH rows are
+//   BATCH / T sequences x T tokens: the T rows of a sequence share its block table and end at
+//   context - T + 1 ... context (each token attends causally, as the vLLM plugin runs them), so
+//   they read the same summaries and pages. dense_ms is the dense kernel over the same rows
+//   (each sequence's cache read T times, less what L2 shares); the extra line times it over
+//   one row a sequence (each cache read once, as a verification kernel with T queries reads
+//   it) and compares LOCKS with that.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -175,6 +182,7 @@ struct Opts {
   int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
   int attn_pps = 0;                       // sparse attention pages a split: 0 the plan's rule
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
+  int tokens_per_seq = 1;                 // --tokens-per-seq: rows a sequence (verification)
   double ceiling = 4.4;
   FILE* csv = nullptr;
 };
@@ -190,7 +198,8 @@ int reps_for(double dense_bytes, bool quick) {
 
 // One row's data on the device: K/V (random bf16), a block table with the sequences
 // interleaved over the pool (block j of sequence b is j*B+b), every length ctx (the last page
-// partial unless ctx is a multiple of 16), block ids, the
+// partial unless ctx is a multiple of 16; with T tokens a sequence, the B rows are B / T
+// sequences whose T rows share its table and end at ctx - T + 1 ... ctx), block ids, the
 // quant summaries of every page (built on the GPU, bulk), a query and an output. Both the
 // flat and the two-level rows run on it; freed with the row.
 struct RowData {
@@ -207,9 +216,9 @@ struct RowData {
   BatchView batch{};
   KvCacheView cache{};
 
-  RowData(const Model& m, int64_t ctx, int B)
+  RowData(const Model& m, int64_t ctx, int B, int T = 1)
       : pages((ctx + kP - 1) / kP),
-        blocks(pages * B),
+        blocks(pages * (B / T)),
         kv_bytes(size_t(blocks) * kP * m.hkv * m.d * 2),
         nb(size_t(blocks) * m.hkv),
         L{blocks, kP, m.hkv, m.d, DType::bf16},
@@ -222,8 +231,11 @@ struct RowData {
     fill_bf16<<<4096, 256, 0, st>>>((uint16_t*)v, kv_bytes / 2, 2);
     std::vector<int32_t> bt(size_t(B) * pages);
     std::vector<int32_t> ids(static_cast<size_t>(blocks));
-    for (int b = 0; b < B; ++b)
-      for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * B + b);
+    const int S = B / T;  // sequences
+    for (int b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < pages; ++j) bt[size_t(b * pages + j)] = int32_t(j * S + b / T);
+      lens[size_t(b)] = int32_t(ctx - (T - 1 - b % T));
+    }
     for (int64_t i = 0; i < blocks; ++i) ids[size_t(i)] = int32_t(i);
     CK(cudaMalloc(&dbt, bt.size() * 4));
     CK(cudaMalloc(&dlens, lens.size() * 4));
@@ -268,11 +280,14 @@ struct RowData {
 // Why a row cannot run here ("" if it can): its shape (the int32 lengths and block ids the
 // kernels take, the plan's batch limit) or device memory (K + V + summaries + workspace, with
 // 1 GiB to spare). Every row the bench is asked for either runs or prints this reason.
-std::string row_problem(const Model& m, int64_t ctx, int B) {
+std::string row_problem(const Model& m, int64_t ctx, int B, int T = 1) {
   if (ctx < 1) return "context below one token";
   if (ctx > INT32_MAX - kP) return "context above 2^31 - 17 tokens (int32 lengths)";
   if (B < 1 || B > 65535) return "batch outside [1, 65535] (the plan's max_batch)";
-  const int64_t pages = (ctx + kP - 1) / kP, blocks = pages * B;
+  if (T < 1 || B % T != 0)
+    return "--tokens-per-seq must divide the batch (rows = sequences x tokens)";
+  if (ctx < T) return "context below --tokens-per-seq";
+  const int64_t pages = (ctx + kP - 1) / kP, blocks = pages * (B / T);
   if (blocks * m.hkv >= (int64_t(1) << 31)) return "blocks x KV heads >= 2^31";
   const double gib = double(1 << 30);
   const size_t kv_bytes = size_t(blocks) * kP * m.hkv * m.d * 2;  // one of K or V (bf16)
@@ -302,16 +317,20 @@ void print_skip(const Model& m, int64_t ctx, int B, const std::string& why, cons
 }
 
 void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
-  if (const std::string why = row_problem(m, ctx, B); !why.empty())
+  const int T = o.tokens_per_seq;
+  if (const std::string why = row_problem(m, ctx, B, T); !why.empty())
     return print_skip(m, ctx, B, why, o);
-  RowData D(m, ctx, B);
+  RowData D(m, ctx, B, T);
   const int64_t pages = D.pages, blocks = D.blocks;
   const size_t nb = D.nb, kv_bytes = D.kv_bytes;  // (page, KV head) pairs; one of K or V
   const CacheLayout& L = D.L;
   const SummaryLayout& sl = D.sl;
-  // The summaries a step reads: every full page's (a partial last page has none).
-  const size_t summ = size_t(ctx / kP) * B * m.hkv * summary_bytes_per_page(sl);
-  const double dense_bytes = 2.0 * kv_bytes;
+  // The summaries a step reads: every full page's (a partial last page has none); each row
+  // reads its own (T rows of a sequence read its summaries T times).
+  size_t full_pages = 0;
+  for (int32_t n : D.lens) full_pages += size_t(n / kP);
+  const size_t summ = full_pages * m.hkv * summary_bytes_per_page(sl);
+  const double dense_bytes = 2.0 * kv_bytes * T;  // the dense kernel: every row its whole cache
   const int reps = reps_for(dense_bytes, o.quick);
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
   D.build_summaries(builder);
@@ -333,6 +352,20 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     Graph g_dense([&] { dec.run_dense(cache, batch, qv, ao, st); }, st);
     const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
     const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
+    // Verification steps (T tokens a sequence): the dense kernel over one row a sequence at
+    // its full length, i.e. each cache read once (what FlashAttention with T queries reads).
+    double t_dense_once = 0;
+    if (T > 1) {
+      const int S = B / T;
+      int32_t* dlens_once = nullptr;
+      CK(cudaMalloc(&dlens_once, size_t(S) * 4));
+      const std::vector<int32_t> once_lens(static_cast<size_t>(S), static_cast<int32_t>(ctx));
+      CK(cudaMemcpy(dlens_once, once_lens.data(), size_t(S) * 4, cudaMemcpyHostToDevice));
+      const BatchView once{D.dbt + (T - 1) * pages, int64_t(T) * pages, dlens_once, S, int(pages)};
+      Graph g_once([&] { dec.run_dense(cache, once, qv, ao, st); }, st);
+      t_dense_once = median_ms([&] { g_once.launch(st); }, st, reps);
+      CK(cudaFree(dlens_once));
+    }
     const double t_score = median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
     // With a selection cluster the step aggregates and selects in one launch: its time is
     // sel_ms and agg_ms is 0.
@@ -377,6 +410,13 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
         m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes / locks_bytes,
         100 * floor_ms / t_locks, t_score, t_agg, t_sel, t_attn, launch_gap, t_build_step,
         100 * dense_bw / o.ceiling, 100 * score_bw / o.ceiling, 100 * attn_bw / o.ceiling, cluster);
+    if (T > 1)
+      std::printf(
+          "  verification step: %d sequences x %d tokens; the dense kernel over one row a "
+          "sequence (each cache read once, %.2f GB): %.4f ms; LOCKS %.2fx time, %.2fx bytes "
+          "against it\n",
+          B / T, T, 2.0 * kv_bytes / 1e9, t_dense_once, t_dense_once / t_locks,
+          2.0 * kv_bytes / locks_bytes);
     // Latency of one build_filled launch (the step's graph pays it whenever a page fills).
     // Amortised over 16 steps: sequences filling pages on the same step pay one full launch
     // per 16 steps; staggered ones (ragged serving) pay min(B, 16) of them.
@@ -624,6 +664,8 @@ int main(int argc, char** argv) {
       o.select_chunk = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--attn-pps") == 0 && i + 1 < argc)
       o.attn_pps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--tokens-per-seq") == 0 && i + 1 < argc)
+      o.tokens_per_seq = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
       only_model = argv[i + 1];
       only_ctx = std::atoll(argv[i + 2]);
@@ -650,6 +692,13 @@ int main(int argc, char** argv) {
       std::printf(")\n");
       return 2;
     }
+  }
+  if (o.tokens_per_seq != 1 && (o.two_level || only_model.empty())) {
+    std::printf(
+        "--tokens-per-seq %d: takes flat rows named with --only (not the grid, not "
+        "--two-level)\n",
+        o.tokens_per_seq);
+    return 2;
   }
   if (o.two_level) {
     run_two_level(o, only_model, only_ctx, only_batch);
