@@ -188,3 +188,33 @@ def test_two_level_verification_step_equals_one_token_steps(monkeypatch):
         assert torch.equal(out[idx], outb), i
     for x, y in zip(a.impl.side.supers(), b.impl.side.supers()):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rejected_drafts_never_leave_stale_summaries(monkeypatch, seed):
+    """Random verification schedules (1 + 3 tokens a request, 1-4 of them accepted, the next
+    step overwriting the rejected drafts' slots, as vLLM rolls back): after every step the
+    summary of every page complete within the step's rows equals a fresh build from the cache,
+    and every row's output equals the reference decode over those fresh summaries, so a
+    summary built from a rejected draft is never read."""
+    s = _make(monkeypatch, {"precision": "fp32", "budget": 64}, "reference", spec=fake_spec(k=3))
+    bt, gen = tb.tables(), torch.Generator().manual_seed(100 + seed)
+    rng = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in torch.randint(20, 90, (2,), generator=rng)]
+    q, k, v = rand_rows(gen, sum(lens))
+    run(s, bt, lens, lens, q, k, v)
+    for _ in range(25):
+        new = [n + 4 for n in lens]
+        q, k, v = rand_rows(gen, 8)
+        cm, md, out = run(s, bt, [4, 4], new, q, k, v)
+        rows_len = torch.tensor([lens[r] + 1 + i for r in range(2) for i in range(4)], dtype=torch.int32)
+        assert md.seq_lens[:8].tolist() == rows_len.tolist()
+        fresh = tuple(torch.zeros_like(t) for t in s.impl.side.summaries())
+        blocks = full_blocks(bt, new)
+        ref.build_summaries(s.kv[0], torch.tensor(blocks), fresh, 8)
+        for got, want in zip(s.impl.side.summaries(), fresh):
+            assert torch.equal(got[blocks], want[blocks])
+        rows_bt = bt[[0, 0, 0, 0, 1, 1, 1, 1]]
+        want, _ = ref.decode(q.float(), s.kv[0], s.kv[1], fresh, rows_bt, rows_len, budget=64)
+        assert torch.equal(out, want.to(torch.bfloat16))
+        lens = [n + int(torch.randint(1, 5, (1,), generator=rng)) for n in lens]  # accepted
