@@ -41,6 +41,21 @@ def forward_context(md):
         fc._forward_context = old
 
 
+def capture_step(s, md, n):
+    """One engine step of n tokens (K/V write + forward) captured in a CUDA graph inside a
+    forward context holding md, as vLLM's full decode graphs capture it; returns the graph and
+    its persistent query, key, value and output buffers."""
+    q = torch.zeros(n, HQ, D, dtype=torch.bfloat16, device=DEV)
+    kin, vin = (torch.zeros(n, H, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    out = torch.zeros(n, HQ * D, dtype=torch.bfloat16, device=DEV)
+    g = torch.cuda.CUDAGraph()
+    with forward_context(md), torch.cuda.graph(g):
+        s.impl.do_kv_cache_update(LAYER, kin, vin, s.kv, md.slot_mapping)
+        s.impl.forward(LAYER, q, kin, vin, s.kv, md, out)
+    assert md.fused_writes == {tb.NAME}
+    return g, q, kin, vin, out
+
+
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_gpu_fused_decode_write_in_a_cuda_graph(monkeypatch, runner):
     from vllm.config.compilation import CUDAGraphMode
@@ -57,16 +72,9 @@ def test_gpu_fused_decode_write_in_a_cuda_graph(monkeypatch, runner):
         gen = torch.Generator().manual_seed(7)
         gstep(s, bt, [200, 90], [200, 90], gen)
         cm, md, _, _ = gstep(s, bt, [1, 1], [201, 91], gen)
-    q = torch.zeros(2, HQ, D, dtype=torch.bfloat16, device=DEV)
-    kin, vin = (torch.zeros(2, H, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
-    out = torch.zeros(2, HQ * D, dtype=torch.bfloat16, device=DEV)
     md = fused.builder.build(0, metadata([1, 1], [202, 92], bt))
     assert md.pure_decode
-    g = torch.cuda.CUDAGraph()
-    with forward_context(md), torch.cuda.graph(g):
-        fused.impl.do_kv_cache_update(LAYER, kin, vin, fused.kv, md.slot_mapping)
-        fused.impl.forward(LAYER, q, kin, vin, fused.kv, md, out)
-    assert md.fused_writes == {tb.NAME}
+    g, q, kin, vin, out = capture_step(fused, md, 2)
     gen = torch.Generator().manual_seed(8)
     lens = [201, 91]
     for _ in range(40):  # crosses 208, 224, 240 and 96, 112, 128

@@ -13,7 +13,7 @@ import locks.vllm.library as lib
 
 from helpers import fake_spec
 from test_backend_cpu import D, HQ, H, tables
-from test_gpu_fused_write import forward_context
+from test_gpu_fused_write import capture_step
 from test_gpu_two_level_backend import DEV, HAVE, LAYER, gstep, metadata
 import test_backend_cpu as tb
 
@@ -47,17 +47,10 @@ def test_gpu_verification_steps_in_a_cuda_graph(monkeypatch, cfg):
     for s in (spec, one):  # the same prefill on both (eager)
         gstep(s, bt, [200, 90], [200, 90], torch.Generator().manual_seed(7))
     T = 2 * (K + 1)
-    q = torch.zeros(T, HQ, D, dtype=torch.bfloat16, device=DEV)
-    kin, vin = (torch.zeros(T, H, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
-    out = torch.zeros(T, HQ * D, dtype=torch.bfloat16, device=DEV)
     lens = [200, 90]
     md = spec.builder.build(0, metadata([K + 1] * 2, [n + K + 1 for n in lens], bt))
     assert md.pure_decode and md.num_decode_tokens == T
-    g = torch.cuda.CUDAGraph()
-    with forward_context(md), torch.cuda.graph(g):
-        spec.impl.do_kv_cache_update(LAYER, kin, vin, spec.kv, md.slot_mapping)
-        spec.impl.forward(LAYER, q, kin, vin, spec.kv, md, out)
-    assert md.fused_writes == {tb.NAME}
+    g, q, kin, vin, out = capture_step(spec, md, T)
     gen = torch.Generator().manual_seed(8)
     for _ in range(10):  # 200 -> 240 and 90 -> 130: pages at 208 ... 240, 96 ... 128; groups at 224, 96, 128
         lens = [n + K + 1 for n in lens]
