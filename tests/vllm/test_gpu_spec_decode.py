@@ -75,3 +75,44 @@ def test_gpu_verification_steps_in_a_cuda_graph(monkeypatch, cfg):
     if cfg.get("group_pages"):
         for a, b in zip(spec.impl.side.supers(), one.impl.side.supers()):
             assert torch.equal(a, b)
+
+
+def test_gpu_request_selection_in_a_cuda_graph(monkeypatch):
+    """spec_selection "request": the verification step (one selection a request, each row's own
+    tail) captured in a CUDA graph and replayed across page boundaries equals the same steps
+    run eagerly on a second backend, bit for bit, and every row's pages end at its own tail."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    import vllm.v1.attention.backends.flash_attn as fa_mod
+
+    monkeypatch.setattr(fa_mod, "get_flash_attn_version", lambda *a, **k: None)
+    cfg = {"precision": "int4", "budget": 64, "spec_selection": "request"}
+    graph = tb.make_setup(monkeypatch, cfg, ops=locks, cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY,
+                          device=DEV, spec=fake_spec(k=K))
+    eager = tb.make_setup(monkeypatch, cfg, ops=locks, device=DEV, spec=fake_spec(k=K))
+    bt = tables().to(DEV)
+    for s in (graph, eager):
+        gstep(s, bt, [200, 90], [200, 90], torch.Generator().manual_seed(9))
+    T = 2 * (K + 1)
+    lens = [200, 90]
+    md = graph.builder.build(0, metadata([K + 1] * 2, [n + K + 1 for n in lens], bt))
+    assert md.request_tokens == K + 1 and graph.impl.req_wrappers
+    g, q, kin, vin, out = capture_step(graph, md, T)
+    gen = torch.Generator().manual_seed(10)
+    for _ in range(10):
+        lens = [n + K + 1 for n in lens]
+        qn, kn, vn = (torch.randn(T, h, D, generator=gen).to(torch.bfloat16).to(DEV) for h in (HQ, H, H))
+        mg = graph.builder.build(0, metadata([K + 1] * 2, lens, bt))
+        q.copy_(qn), kin.copy_(kn), vin.copy_(vn)
+        g.replay()
+        cm = metadata([K + 1] * 2, lens, bt)
+        eager.impl.do_kv_cache_update(LAYER, kn, vn, eager.kv, cm.slot_mapping)
+        me = eager.builder.build(0, cm)
+        want = torch.zeros_like(out)
+        eager.impl.forward(LAYER, qn, kn, vn, eager.kv, me, want)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), lens
+        b = mg.bufs
+        for i, n in enumerate(mg.seq_lens[:T].tolist()):
+            for h in range(H):
+                assert int(b.pages[i, h, int(b.counts[i, h]) - 1]) == (n - 1) // tb.P

@@ -31,6 +31,9 @@ def test_settings_defaults_and_sources():
     for v, want in ((False, False), ("false", False), ("0", False), (1, True), ("True", True)):
         assert parse_settings({"locks": {"fused_write": v}}, environ={}).fused_write is want
     assert not parse_settings({"locks": {"fused_write": True}}, environ={"LOCKS_FUSED_WRITE": "0"}).fused_write
+    assert LocksSettings().spec_selection == "token"
+    assert parse_settings({"locks": {"spec_selection": "request"}}, environ={}).spec_selection == "request"
+    assert parse_settings({}, environ={"LOCKS_SPEC_SELECTION": "request"}).spec_selection == "request"
 
 
 @pytest.mark.parametrize("cfg,msg", [
@@ -39,6 +42,7 @@ def test_settings_defaults_and_sources():
     ({"budget": "lots"}, "integer"), ({"budget": 32, "sink_pages": 1, "recent_pages": 1}, "budget"),
     ({"sink_pages": -1}, "sink_pages"), ({"budget": True}, "integer"),
     ({"fused_write": "sometimes"}, "fused_write"), ({"fused_write": 2}, "fused_write"),
+    ({"spec_selection": "shared"}, "spec_selection"), ({"spec_selection": 1}, "spec_selection"),
 ])
 def test_settings_refused_with_the_setting_named(cfg, msg):
     with pytest.raises(ValueError, match=msg):

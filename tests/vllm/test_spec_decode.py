@@ -218,3 +218,103 @@ def test_rejected_drafts_never_leave_stale_summaries(monkeypatch, seed):
         want, _ = ref.decode(q.float(), s.kv[0], s.kv[1], fresh, rows_bt, rows_len, budget=64)
         assert torch.equal(out, want.to(torch.bfloat16))
         lens = [n + int(torch.randint(1, 5, (1,), generator=rng)) for n in lens]  # accepted
+
+
+def request_reference(s, q, bt, req_lens, T, budget):
+    """spec_selection "request" written out on the reference: one selection a request from its
+    T tokens' queries as G T heads, copied to the token rows, a straddling row's tail swapped
+    for its own; then the reference attention of each token over its row's pages."""
+    S = len(req_lens)
+    qr = q.view(S, T, H, HQ // H, D).permute(0, 2, 3, 1, 4).reshape(S, HQ * T, D)
+    lens = torch.tensor(req_lens, dtype=torch.int32)
+    req = ref.select(qr.float(), s.impl.side.summaries(), bt, lens, budget)
+    rows, row_lens = [], []
+    for r in range(S):
+        for i in range(T):
+            n = req_lens[r] - (T - 1 - i)
+            own, last = (n - 1) // tb.P, (req_lens[r] - 1) // tb.P
+            heads = []
+            for h in range(H):
+                pg = list(req[r][h])
+                if own < last:
+                    pg = [p for p in pg if p != last]
+                    pg = pg if own in pg else pg + [own]
+                heads.append(pg)
+            rows.append(heads)
+            row_lens.append(n)
+    rows_bt = bt.repeat_interleave(T, 0)
+    out, _ = ref.attend(q.float(), s.kv[0], s.kv[1], rows_bt, torch.tensor(row_lens), rows)
+    return out.to(torch.bfloat16), rows
+
+
+@pytest.mark.parametrize("budget", [64, 16384])
+def test_request_selection_one_selection_a_request(monkeypatch, budget):
+    """spec_selection "request": request 0's tokens straddle a page end (lengths 95-98), request
+    1's do not (38-41); the outputs are the reference's request selection with each row's own
+    tail, bit for bit; with the budget above the context every row is exactly dense."""
+    cfg = {"precision": "fp32", "budget": budget, "spec_selection": "request", "min_context": 0}
+    s = _make(monkeypatch, cfg, "reference", spec=fake_spec(k=3))  # min_context 0: select even
+    bt, gen = tb.tables(), torch.Generator().manual_seed(35)        # when the budget holds it all
+    q, k, v = rand_rows(gen, 131)
+    run(s, bt, [94, 37], [94, 37], q, k, v)
+    q, k, v = rand_rows(gen, 8)
+    cm, md, out = run(s, bt, [4, 4], [98, 41], q, k, v)
+    assert md.request_tokens == 4 and s.impl.req_wrappers
+    wr = next(w for mb, w in s.impl.req_wrappers if mb >= 2)
+    assert wr.runs[-1] == (2, "select")                                  # one row a request
+    want, rows = request_reference(s, q, bt, [98, 41], 4, budget)
+    assert torch.equal(out, want)
+    b = md.bufs  # the impl's own page lists: the request's, with each row's own tail
+    assert [[sorted(int(x) for x in b.pages[i, h, : int(b.counts[i, h])]) for h in range(H)]
+            for i in range(8)] == [[sorted(p) for p in r] for r in rows]
+    if budget > 98:
+        assert (out.double() - dense_of(s, q, bt.repeat_interleave(4, 0), md.seq_lens[:8])).abs().max() < 2 ** -7
+    else:
+        assert rows[0][0][-1] == 5 and rows[2][0][-1] == 6 and 6 not in rows[0][0]   # own tails
+        dense = dense_of(s, q[3:4], bt[:1], cm.seq_lens[:1])
+        assert (out[3].double() - dense[0]).abs().max() > 1e-2                  # really sparse
+
+
+def test_request_selection_falls_back_to_token_rows(monkeypatch):
+    """A verification batch that is not uniform (4 and 2 tokens) and a group the kernels do not
+    take (G 4 x 9 tokens = 36 heads > 32) decode one row a token: the one-token bits."""
+    cfg = {"precision": "fp32", "budget": 64, "spec_selection": "request"}
+    for spec, qlens in ((fake_spec(k=3), [4, 2]), (fake_spec(k=8), [9, 9])):
+        a = _make(monkeypatch, cfg, "reference", spec=spec)
+        b = _make(monkeypatch, dict(cfg, spec_selection="token"), "reference", spec=spec)
+        bt, gen = tb.tables(), torch.Generator().manual_seed(36)
+        q, k, v = rand_rows(gen, 131)
+        for s in (a, b):
+            run(s, bt, [94, 37], [94, 37], q, k, v)
+        q, k, v = rand_rows(gen, sum(qlens))
+        lens = [94 + qlens[0], 37 + qlens[1]]
+        _, md, out = run(a, bt, qlens, lens, q, k, v)
+        _, _, want = run(b, bt, qlens, lens, q, k, v)
+        assert torch.equal(out, want)
+        assert md.request_tokens == (0 if qlens[0] != qlens[1] else 9) and not a.impl.req_wrappers == (
+            qlens[0] != qlens[1])
+
+
+@pytest.mark.skipif(not HAVE_OPS, reason="the compiled locks operators are not installed")
+def test_request_selection_on_the_compiled_operators(monkeypatch):
+    """The compiled operators in "request" mode (int4): every row's pages ascend and end at its
+    own tail page, none past it, the request's two rows on one side of the page end share their
+    list, and the output is the reference attention over those pages."""
+    cfg = {"precision": "int4", "budget": 64, "spec_selection": "request"}
+    s = _make(monkeypatch, cfg, "compiled", spec=fake_spec(k=3))
+    bt, gen = tb.tables(), torch.Generator().manual_seed(37)
+    q, k, v = rand_rows(gen, 131)
+    run(s, bt, [94, 37], [94, 37], q, k, v)
+    q, k, v = rand_rows(gen, 8)
+    _, md, out = run(s, bt, [4, 4], [98, 41], q, k, v)
+    assert md.request_tokens == 4
+    b = md.bufs
+    rows = [[[int(x) for x in b.pages[i, h, : int(b.counts[i, h])]] for h in range(H)] for i in range(8)]
+    lens = md.seq_lens[:8].tolist()
+    for i in range(8):
+        for h in range(H):
+            pg = rows[i][h]
+            assert pg == sorted(set(pg)) and pg[-1] == (lens[i] - 1) // tb.P, (i, h, pg)
+    assert rows[0] == rows[1] and rows[2] == rows[3] and rows[4] == rows[7]
+    want, _ = ref.attend(q.float(), s.kv[0], s.kv[1], bt.repeat_interleave(4, 0), md.seq_lens[:8], rows)
+    assert ((out.double() - want).abs() <= want.abs() * 2 ** -8 + 1e-5).all()

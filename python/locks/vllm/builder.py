@@ -49,6 +49,10 @@ class LocksMetadata:
     # Decode tokens of this step (the rows of the LOCKS step): num_decodes unless speculative
     # decoding gives decode requests several query tokens.
     num_decode_tokens: int = 0
+    # spec_selection "request" on a uniform verification batch (every decode request 1 + k
+    # tokens, padding requests none): the request-level rows (bufs.req_*) of its num_decodes
+    # requests are written, and the impl selects once a request (request_tokens = 1 + k).
+    request_tokens: int = 0
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -72,7 +76,7 @@ class DecodeBuffers:
     request's 1 + k tokens under speculative decoding are k + 1 rows, token_rows)."""
 
     def __init__(self, *, max_batch, num_q_heads, num_kv_heads, head_dim, max_blocks, max_tokens,
-                 capacity, workspace_bytes, device, group_pages=0):
+                 capacity, workspace_bytes, device, group_pages=0, max_requests=0, request_tokens=0):
         f32, i32 = torch.float32, torch.int32
         self.max_batch = max_batch
         self.lse = torch.zeros(max_batch, num_q_heads, dtype=f32, device=device)
@@ -85,6 +89,14 @@ class DecodeBuffers:
         # ceil(max_blocks / S) columns: the plan's max_groups (the last group may be partial).
         self.super_table = (torch.zeros(max_batch, max(-(-max_blocks // group_pages), 1), dtype=i32,
                                         device=device) if group_pages else None)
+        # spec_selection "request": one row a verification request (its table and full length)
+        # and its selection, before the selection is copied to the request's token rows.
+        self.max_requests, self.request_tokens = max_requests, request_tokens
+        if max_requests:
+            self.req_block_table = torch.zeros(max_requests, max_blocks, dtype=i32, device=device)
+            self.req_seq_lens = torch.ones(max_requests, dtype=i32, device=device)
+            self.req_pages = torch.zeros(max_requests, num_kv_heads, max(capacity, 1), dtype=i32, device=device)
+            self.req_counts = torch.zeros(max_requests, num_kv_heads, dtype=i32, device=device)
 
 
 def completed_groups(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
@@ -156,6 +168,13 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         self.max_batch = max(sc.max_num_seqs * self.decode_threshold, self.max_cudagraph_size or 0)
         self.max_tokens = max(sc.max_num_batched_tokens, self.max_batch)
         self.max_blocks = -(-vllm_config.model_config.max_model_len // BLOCK_SIZE)
+        # spec_selection "request" (settings.py): request-level rows for uniform verification
+        # batches, where the impl can serve them (flat LOCKS, 1 + k <= the block size; the
+        # impl falls back to token rows where its kernels do not take G (1 + k) heads).
+        T = self.decode_threshold
+        self.request_tokens = (T if self.settings.spec_selection == "request" and 1 < T <= BLOCK_SIZE
+                               and not self.settings.group_pages else 0)
+        self.max_requests = -(-self.max_batch // T) if self.request_tokens else 0
         self.bufs: DecodeBuffers | None = None
 
     def _buffers(self) -> DecodeBuffers:
@@ -168,19 +187,23 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                                                                s.effective_min_context))
             ws = 0
             if hasattr(o, "workspace_bytes"):  # one workspace that every bucket's plan fits
+                plans = [(self.num_heads_q, mb) for mb in batch_buckets(self.max_batch)]
+                plans += [(self.num_heads_q * self.request_tokens, mb)  # request-level selection
+                          for mb in (batch_buckets(self.max_requests) if self.max_requests else [])]
                 ws = max(o.workspace_bytes(
-                    num_q_heads=self.num_heads_q, num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
+                    num_q_heads=hq, num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                     page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=self.kv_cache_dtype,
                     num_blocks=self._num_blocks(), max_batch=mb,
                     max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
                     recent_pages=s.recent_pages, dense_below=s.effective_min_context,
                     device=self.device, **two_level_plan(s, self._num_blocks()))
-                    for mb in batch_buckets(self.max_batch))
+                    for hq, mb in plans)
             self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,
                                       max_blocks=self.max_blocks, max_tokens=self.max_tokens,
                                       capacity=cap, workspace_bytes=ws, device=self.device,
-                                      group_pages=s.group_pages)
+                                      group_pages=s.group_pages, max_requests=self.max_requests,
+                                      request_tokens=self.request_tokens)
             # Plan every layer's wrapper here, outside any graph capture (plan is host work
             # that may query the device; run() inside the graph then only launches kernels).
             sfc = self.vllm_config.compilation_config.static_forward_context
@@ -238,6 +261,20 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
         # cheaper there; a decode row shorter than min_context is exact through dense_below).
         mixed = (not pure and 0 < nd_tok <= b.max_batch
                  and cm.max_seq_len >= self.settings.effective_min_context)
+        # Request-level rows for a shared selection: a uniform verification batch (every decode
+        # request 1 + k tokens, graph padding requests none; decided on the host copy of
+        # query_start_loc, no sync).
+        req_tokens = 0
+        if self.request_tokens and pure and multi and num_decodes <= b.max_requests:
+            qsl = cm.query_start_loc_cpu[: num_decodes + 1]
+            ql = qsl[1:] - qsl[:-1]
+            T = self.request_tokens
+            if bool(((ql == T) | (ql == 0)).all()) and int(ql[-1]) in (T, 0) and \
+                    bool((ql[:-1] >= ql[1:]).all()):  # real requests first, then padding
+                req_tokens = T
+                b.req_block_table[:num_decodes, :w].copy_(bt[:num_decodes, :w], non_blocking=True)
+                torch.clamp(cm.seq_lens[:num_decodes], min=1, out=b.req_seq_lens[:num_decodes])
+                b.req_seq_lens[num_decodes:].fill_(1)
         jobs = None
         if b.super_table is not None:
             S = self.settings.group_pages
@@ -254,4 +291,4 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                              dense=dense, num_reqs=n_reqs, slot_mapping=b.slot_mapping,
                              block_table=b.block_table, seq_lens=b.seq_lens, bufs=b,
                              super_table=b.super_table, super_jobs=jobs,
-                             num_decode_tokens=nd_tok if multi else num_decodes)
+                             num_decode_tokens=nd_tok if multi else num_decodes, request_tokens=req_tokens)

@@ -75,6 +75,22 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
         fb * geom.page_size * s.group_pages, fb, num_blocks, sup, 100.0 * sup / kv)
 
 
+_logged_request_off = False
+
+
+def _log_request_selection_off_once(group: int, tokens: int, why: str) -> None:
+    """Once per process: spec_selection "request" falls back to token rows for this model."""
+    global _logged_request_off
+    if not _logged_request_off:
+        _logged_request_off = True
+        from vllm.logger import init_logger
+
+        init_logger(__name__).warning(
+            "LOCKS: spec_selection 'request' needs the kernels to take a group of %d x %d = %d query "
+            "heads a KV head (%s); verification tokens select one row each ('token')", group, tokens,
+            group * tokens, why)
+
+
 # The CUDA cache write's cap on tokens a call (include/locks/cuda/limits.h,
 # kCacheWriteMaxTokens: its slot scans are O(n^2)); larger decode batches take the two launches.
 FUSED_WRITE_MAX_TOKENS = 16384
@@ -168,6 +184,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
                                       vc.compilation_config.static_forward_context)
         self.wrapper = None
         self.wrappers: list = []
+        self.req_wrappers: list = []  # spec_selection "request": (bucket, wrapper) of G (1 + k) heads
         self._plan_key = None
 
     # -- cache writes ------------------------------------------------------------------------
@@ -219,6 +236,24 @@ class LocksAttentionImpl(FlashAttentionImpl):
                    **two_level_plan(s, num_blocks))
             self.wrappers.append((mb, w))
         self.wrapper, self._plan_key = self.wrappers[-1][1], key
+        self.req_wrappers = []
+        T = getattr(b, "request_tokens", 0)
+        if T:  # spec_selection "request": a request's T tokens as G T heads of one row
+            G = self.num_heads // self.num_kv_heads
+            ok, why = ops().supports("cuda", head_dim=self.head_size, page_size=BLOCK_SIZE, group=G * T,
+                                     kv_dtype=kv_dtype, rank=s.rank, precision=s.precision)
+            if ok:
+                for mb in batch_buckets(b.max_requests):
+                    w = ops().DecodeWrapper(b.workspace)
+                    w.plan(num_q_heads=self.num_heads * T, num_kv_heads=self.num_kv_heads,
+                           head_dim=self.head_size, page_size=BLOCK_SIZE, rank=s.rank,
+                           precision=s.precision, kv_dtype=kv_dtype, num_blocks=num_blocks, max_batch=mb,
+                           max_blocks_per_seq=b.block_table.shape[1], budget_tokens=s.budget,
+                           sink_pages=s.sink_pages, recent_pages=s.recent_pages,
+                           dense_below=s.effective_min_context, scale=self.scale, device=device)
+                    self.req_wrappers.append((mb, w))
+            else:
+                _log_request_selection_off_once(G, T, why)
         if s.group_pages:
             _log_two_level_once(s, self.geom, num_blocks, kv_dtype)
 
@@ -286,6 +321,9 @@ class LocksAttentionImpl(FlashAttentionImpl):
         q = query[:n].reshape(n, self.num_heads, self.head_size)  # a view where the layout allows
         out = output.view(-1, self.num_heads, self.head_size)[:n]
         w = self.wrapper_for(n)
+        T = md.request_tokens
+        if T and self.req_wrappers and not dense and n % T == 0:
+            return self._decode_by_request(md, q, k_cache, v_cache, summaries, out, output, n, T)
         if self.geom.group_pages and not dense:
             w.run_two_level(q, k_cache, v_cache, summaries, self.side.supers(), md.super_table[:n],
                             md.block_table[:n], md.seq_lens[:n], out=out, lse=b.lse[:n],
@@ -293,6 +331,37 @@ class LocksAttentionImpl(FlashAttentionImpl):
             return output
         w.run(q, k_cache, v_cache, summaries, md.block_table[:n], md.seq_lens[:n], out=out,
               lse=b.lse[:n], pages=b.pages[:n], counts=b.counts[:n], dense=dense)
+        return output
+
+    def _decode_by_request(self, md, q, k_cache, v_cache, summaries, out, output, n: int, T: int):
+        """spec_selection "request" on a uniform verification batch (rows [0, n) = n / T
+        requests x T tokens): one selection a request from all its tokens' queries (the T
+        tokens as G T heads of the request's row, share-averaged as a GQA group is), copied to
+        its T token rows; a row whose own tail page precedes the request's (its tokens straddle
+        a page end: T <= the block size, so by one page) drops the request's tail page and
+        attends its own instead; then each token attends over its row's pages up to its own
+        length. Graph-safe: device ops only, into the persistent buffers."""
+        b = md.bufs
+        S, H, d = n // T, self.num_kv_heads, self.head_size
+        G = self.num_heads // H
+        # [S, T, H, G, d] -> [S, H, G, T, d]: request-row head i serves KV head i // (G T).
+        qr = q.view(S, T, H, G, d).permute(0, 2, 3, 1, 4).reshape(S, H * G * T, d)
+        wr = next(w for mb, w in self.req_wrappers if mb >= S)
+        pr, cr = wr.select(qr, summaries, b.req_block_table[:S], b.req_seq_lens[:S],
+                           pages=b.req_pages[:S], counts=b.req_counts[:S])
+        pages, counts = b.pages[:n], b.counts[:n]
+        pages.copy_(pr.repeat_interleave(T, 0))
+        counts.copy_(cr.repeat_interleave(T, 0))
+        tail = ((md.seq_lens[:n] - 1) // BLOCK_SIZE)[:, None].expand(n, H)          # the row's own
+        straddle = tail < ((b.req_seq_lens[:S] - 1) // BLOCK_SIZE).repeat_interleave(T)[:, None]
+        valid = torch.arange(pages.shape[2], device=pages.device)[None, None, :] < counts[..., None]
+        has_tail = ((pages == tail[..., None]) & valid).any(-1)
+        last = (counts - 1).clamp(min=0).to(torch.int64)[..., None]   # the request's tail page
+        fixed = torch.where(has_tail, torch.full_like(tail, -1), tail)
+        pages.scatter_(2, last, torch.where(straddle, fixed, pages.gather(2, last)[..., 0])[..., None])
+        counts.sub_((straddle & has_tail).to(counts.dtype))
+        self.wrapper_for(n).attend(q, k_cache, v_cache, md.block_table[:n], md.seq_lens[:n], pages=pages,
+                                   counts=counts, out=out, lse=b.lse[:n])
         return output
 
     def _prefill(self, layer, query, k_cache, v_cache, fa: FlashAttentionMetadata, output,

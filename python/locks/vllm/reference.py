@@ -165,6 +165,36 @@ class ReferenceWrapper:
         return out, lse
 
 
+    def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None):
+        """DecodeWrapper.select: pages [B, H, capacity] ascending, -1 padded; counts [B, H]."""
+        self.runs.append((q.shape[0], "select"))
+        lists = select(q, summaries, block_table, seq_lens, self.budget, self.sink, self.recent,
+                       self.scale, self.dense_below)
+        B, H = q.shape[0], len(lists[0])
+        pages = torch.empty(B, H, self.capacity, dtype=torch.int32) if pages is None else pages
+        counts = torch.empty(B, H, dtype=torch.int32) if counts is None else counts
+        pages.fill_(-1)
+        for b in range(B):
+            for h in range(H):
+                pages[b, h, : len(lists[b][h])] = torch.tensor(lists[b][h], dtype=torch.int32)
+                counts[b, h] = len(lists[b][h])
+        return pages, counts
+
+    def attend(self, q, k_cache, v_cache, block_table, seq_lens, *, pages=None, counts=None,
+               out=None, lse=None):
+        """DecodeWrapper.attend: exact attention over (pages, counts), or every page."""
+        self.runs.append((q.shape[0], "attend"))
+        lists = None if pages is None else [
+            [[int(x) for x in pages[b, h, : int(counts[b, h])]] for h in range(pages.shape[1])]
+            for b in range(pages.shape[0])]
+        o, l = attend(q, k_cache, v_cache, block_table, seq_lens, lists, self.scale)
+        out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
+        lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
+        out.copy_(o)
+        lse.copy_(l)
+        return out, lse
+
+
 class ReferenceOps:
     """The `locks` functions the plugin calls, over this reference (CPU tests)."""
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 PRECISIONS = ("int4", "fp32")
+SPEC_SELECTIONS = ("token", "request")
 SUPER_RANK = 8  # the two-level step's group basis rank (TwoLevelConfig's studied default)
 FLAT_BELOW_GROUPS = 8  # TwoLevelConfig::flat_below_groups's default
 
@@ -46,6 +47,13 @@ class LocksSettings:
     # (locks.cache_write); False = vLLM's reshape_and_cache_flash, then a summary_update launch
     # (the two-launch path prefill steps always take; kept for A/B runs).
     fused_write: bool = True
+    # Speculative decoding: how a verification step of 1 + k tokens a request selects pages.
+    # "token": each token is a row that scores and selects on its own (the bits of the tokens
+    # decoded one at a time; the summaries read 1 + k times). "request": one selection a request
+    # from all its tokens' queries (share-averaged like a GQA group of G (1 + k) heads; the
+    # summaries read once), each token attending over it with its own tail page; flat LOCKS on
+    # uniform batches with G (1 + k) <= 32 and 1 + k <= the block size, "token" otherwise.
+    spec_selection: str = "token"
 
     @property
     def effective_min_context(self) -> int:
@@ -64,6 +72,7 @@ ENV = {  # setting -> environment variable
     "min_groups": "LOCKS_MIN_GROUPS",
     "two_level_min_context": "LOCKS_TWO_LEVEL_MIN_CONTEXT",
     "fused_write": "LOCKS_FUSED_WRITE",
+    "spec_selection": "LOCKS_SPEC_SELECTION",
 }
 
 
@@ -134,6 +143,11 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             vals[k] = _as_float(k, v, src)
         elif k == "fused_write":
             vals[k] = _as_bool(k, v, src)
+        elif k == "spec_selection":
+            if v not in SPEC_SELECTIONS:
+                raise ValueError(f"locks setting 'spec_selection' ({src}) must be one of {SPEC_SELECTIONS}, "
+                                 f"got {v!r}")
+            vals[k] = v
         else:
             vals[k] = _as_int(k, v, src)
     s = LocksSettings(**vals)
