@@ -26,13 +26,15 @@
 //   they read the same summaries and pages. dense_ms is the dense kernel over the same rows
 //   (each sequence's cache read T times, less what L2 shares); the extra line times it over
 //   one row a sequence (each cache read once, as a verification kernel with T queries reads
-//   it) and compares LOCKS with that.
+//   it) and compares LOCKS with that; where G T <= 32 a third line times the vLLM plugin's
+//   spec_selection "request" (one selection a sequence from its T queries, copied to the rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,18 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
   }
 }
 // Read ceiling: every thread streams 16-byte loads; the sum is kept so nothing is elided.
+// spec_selection "request" (vLLM plugin): each sequence's selection copied to its T token rows
+// (the plugin's repeat_interleave; the bench's rows do not straddle a page end, so no tail fix).
+__global__ void expand_rows(const int32_t* __restrict__ pages, const int32_t* __restrict__ counts,
+                            int32_t* __restrict__ rows_pages, int32_t* __restrict__ rows_counts,
+                            int T, int hkv, int capacity) {
+  const int b = blockIdx.x, src = b / T, per_row = hkv * capacity;
+  for (int i = threadIdx.x; i < per_row; i += blockDim.x)
+    rows_pages[size_t(b) * per_row + i] = pages[size_t(src) * per_row + i];
+  for (int i = threadIdx.x; i < hkv; i += blockDim.x)
+    rows_counts[size_t(b) * hkv + i] = counts[size_t(src) * hkv + i];
+}
+
 __global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* sink) {
   uint32_t acc = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -417,6 +431,39 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
           "against it\n",
           B / T, T, 2.0 * kv_bytes / 1e9, t_dense_once, t_dense_once / t_locks,
           2.0 * kv_bytes / locks_bytes);
+    if (T > 1 && m.hq * T / m.hkv <= 32) {
+      // spec_selection "request": score + select once a sequence from its T queries as G T
+      // heads of one row (the bench's queries in token-major order: the same cost as the
+      // plugin's head-major copy, other selections), the selection copied to the T token rows,
+      // then the token rows' attention.
+      const int S = B / T;
+      int32_t* dlens_req = nullptr;
+      CK(cudaMalloc(&dlens_req, size_t(S) * 4));
+      const std::vector<int32_t> req_lens(static_cast<size_t>(S), static_cast<int32_t>(ctx));
+      CK(cudaMemcpy(dlens_req, req_lens.data(), size_t(S) * 4, cudaMemcpyHostToDevice));
+      const BatchView breq{D.dbt + (T - 1) * pages, int64_t(T) * pages, dlens_req, S, int(pages)};
+      cuda::Plan preq{L, m.hq * T, S, int(pages), DecodeConfig{SelectConfig{kBudget, 1, 2}, 0.0f}};
+      cuda::Decoder dreq(preq);
+      const QueryView qreq{D.q, m.hq * T};
+      const Selection sreq = dreq.selection(), srow = dec.selection();
+      if (sreq.capacity != srow.capacity)  // both plans take it from the budget: a bench bug
+        throw std::runtime_error("request and token plans differ in selection capacity");
+      Graph g_req(
+          [&] {
+            dreq.score(s, breq, qreq, st);
+            dreq.aggregate_select(breq, st);
+            expand_rows<<<B, 128, 0, st>>>(sreq.pages, sreq.counts, srow.pages, srow.counts, T,
+                                           m.hkv, sreq.capacity);
+            dec.attend(cache, batch, qv, &srow, ao, st);
+          },
+          st);
+      const double t_req = median_ms([&] { g_req.launch(st); }, st, reps);
+      std::printf(
+          "  spec_selection 'request' (one selection a sequence, %d heads a row): %.4f ms; %.2fx "
+          "the read-once dense, %.2fx the token rows' step\n",
+          m.hq * T, t_req, t_dense_once / t_req, t_locks / t_req);
+      CK(cudaFree(dlens_req));
+    }
     // Latency of one build_filled launch (the step's graph pays it whenever a page fills).
     // Amortised over 16 steps: sequences filling pages on the same step pay one full launch
     // per 16 steps; staggered ones (ragged serving) pay min(B, 16) of them.
