@@ -56,6 +56,9 @@ except ImportError as e:  # pragma: no cover - exercised only without transforme
     raise ImportError(f"locks.hf needs transformers >= 5.0, < 6 ({e})") from e
 
 ATTN_NAME = "locks"
+# Selectors that decode several tokens a step after the prefill (assisted / prompt-lookup
+# decoding: each token a row of its own); the baselines keep one token a step.
+MULTI_TOKEN_SELECTORS = ("locks", "locks_h2", "fullkv")
 PRECISIONS = ("int4", "fp32")
 
 
@@ -210,7 +213,7 @@ class LocksLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True  # assisted / prompt-lookup decoding roll back rejected drafts (crop)
 
     def __init__(self, cfg: LocksConfig, plans: _Plans | None = None):
         super().__init__()
@@ -253,13 +256,41 @@ class LocksLayer(CacheLayerMixin):
             self.pending = (key_states, value_states)
             self.seen += q_len
             return key_states, value_states
-        if q_len != 1:
+        if q_len != 1 and self.cfg.selector not in MULTI_TOKEN_SELECTORS:
             raise NotImplementedError(
-                "locks: after the prefill LocksCache takes one token per sequence and step "
-                f"(got {q_len}); chunked prefill and assisted decoding are not supported")
-        self._append(key_states[:, :, 0], value_states[:, :, 0])
-        self.seen += 1
+                f"locks: after the prefill, selector {self.cfg.selector!r} takes one token per "
+                f"sequence and step (got {q_len}); assisted / prompt-lookup decoding runs with "
+                f"{', '.join(MULTI_TOKEN_SELECTORS)}")
+        # Several tokens a step (assisted / prompt-lookup decoding's verification): appended one
+        # after another, each page's summary built as its last token arrives; decode() gives
+        # each token its own causal row.
+        for t in range(q_len):
+            self._append(key_states[:, :, t], value_states[:, :, t])
+        self.seen += q_len
         return key_states, value_states
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Roll back the last tokens (assisted / prompt-lookup decoding's rejected drafts): a
+        negative count removes that many (transformers >= 5.2x), a positive value is the older
+        API's absolute length. The rows' lengths shrink; the rolled-back slots are overwritten
+        by the next tokens, and a page's (super) summary is rebuilt whenever a token completes
+        it again, so a summary built from a rejected draft is never read (a page is scored only
+        once complete within a row's length)."""
+        n = -tokens_to_remove if tokens_to_remove <= 0 else self.seen - tokens_to_remove
+        if n <= 0:
+            return
+        if self.k_pages is None:  # before the prefill was stored
+            if self.pending is not None:
+                k, v = self.pending
+                self.pending = (k[:, :, : k.shape[2] - n], v[:, :, : v.shape[2] - n])
+            self.seen = max(self.seen - n, 0)
+            return
+        if n >= min(self.lens):
+            raise ValueError(f"locks: crop of {n} tokens would empty a sequence (lengths {self.lens})")
+        self.lens = [x - n for x in self.lens]
+        self.seq_lens -= n
+        self.seen -= n
+        self._page_stats = None
 
     def get_mask_sizes(self, query_length) -> tuple[int, int]:
         if isinstance(query_length, torch.Tensor):  # transformers 5.0-5.x passed cache_position
@@ -414,14 +445,14 @@ class LocksLayer(CacheLayerMixin):
                                    self.supers)
 
     # -- decode attention ----------------------------------------------------------------
-    def _planned(self, num_q_heads: int, scaling: float) -> DecodeWrapper:
+    def _planned(self, num_q_heads: int, scaling: float, rows: int | None = None) -> DecodeWrapper:
         """The wrapper planned for the current storage shape (re-planned after a _grow;
         planning is host work, done eagerly before any graph capture of a decode step)."""
         P = self.cfg.page_size
         n, _, H, d = self.k_pages.shape
         budget = self.cfg.budget if self.cfg.budget is not None else self.max_blocks * P
         params = dict(num_q_heads=num_q_heads, num_kv_heads=H, head_dim=d, num_blocks=n,
-                      max_batch=len(self.lens), max_blocks_per_seq=self.max_blocks, page_size=P,
+                      max_batch=rows or len(self.lens), max_blocks_per_seq=self.max_blocks, page_size=P,
                       rank=self.cfg.rank, precision=self.cfg.precision, kv_dtype=self.dtype,
                       budget_tokens=budget, sink_pages=self.cfg.sink_pages,
                       recent_pages=self.cfg.recent_pages, scale=float(scaling), device=self.device,
@@ -467,41 +498,55 @@ class LocksLayer(CacheLayerMixin):
         return dict(opts, snap=snap, prompt_lens=self.prompt_lens, obs=self.q_obs.shape[1])
 
     def decode(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
-        """query [B, Hq, 1, d] -> attention output [B, 1, Hq, d] in query's dtype."""
+        """query [B, Hq, T, d] -> attention output [B, T, Hq, d] in query's dtype. T > 1
+        (assisted / prompt-lookup verification, the T tokens already appended): token t of
+        sequence b is a row of its own, with b's pages and the causal length L_b - (T - 1 - t),
+        so each gives the bits it would give decoded alone."""
+        B, _, T, _ = query.shape
+        if T > 1:
+            q = query.transpose(1, 2).reshape(B * T, query.shape[1], query.shape[3])
+            back = (T - 1 - torch.arange(T, device=self.device, dtype=torch.int32)).repeat(B)
+            rows = (self.block_table.repeat_interleave(T, 0), self.seq_lens.repeat_interleave(T, 0) - back,
+                    None if self.super_table is None else self.super_table.repeat_interleave(T, 0))
+            return self._decode_rows(q, query.dtype, scaling, *rows).view(B, T, *q.shape[1:])
         # The ops read the model's dtype and a strided query (each row's [Hq, d] contiguous)
         # and write the output in it: no conversion copies.
         q = query[:, :, 0]
         if q.stride(-1) != 1 or q.stride(-2) != q.shape[-1]:
             q = q.contiguous()
+        return self._decode_rows(q, query.dtype, scaling, self.block_table, self.seq_lens,
+                                 self.super_table).unsqueeze(1)
+
+    def _decode_rows(self, q, dtype, scaling, block_table, seq_lens, super_table) -> torch.Tensor:
+        """The decode step over rows q [R, Hq, d] (a sequence's row, or a token's under
+        verification) with their tables and lengths -> [R, Hq, d]."""
         if self.cfg.check_finite:
             check_all_finite(query=q)
-        w = self._planned(q.shape[1], scaling)
-        out = torch.empty(q.shape, dtype=query.dtype, device=q.device)
+        w = self._planned(q.shape[1], scaling, rows=q.shape[0])
+        out = torch.empty(q.shape, dtype=dtype, device=q.device)
         sel = self.cfg.selector
         if self.cfg.budget is None or sel == "fullkv":
-            out, _ = w.run(q, self.k_pages, self.v_pages, None, self.block_table, self.seq_lens,
-                           out=out, dense=True)
+            out, _ = w.run(q, self.k_pages, self.v_pages, None, block_table, seq_lens, out=out, dense=True)
         elif sel == "locks_h2":
-            B, H = q.shape[0], self.k_pages.shape[2]
-            pages = torch.empty(B, H, w.capacity, dtype=torch.int32, device=q.device)
-            counts = torch.empty(B, H, dtype=torch.int32, device=q.device)
+            R, H = q.shape[0], self.k_pages.shape[2]
+            pages = torch.empty(R, H, w.capacity, dtype=torch.int32, device=q.device)
+            counts = torch.empty(R, H, dtype=torch.int32, device=q.device)
             out, _ = w.run_two_level(q, self.k_pages, self.v_pages, self.summary_list(), self.supers,
-                                     self.super_table, self.block_table, self.seq_lens, out=out,
-                                     pages=pages, counts=counts)
+                                     super_table, block_table, seq_lens, out=out, pages=pages, counts=counts)
             self.last_counts = counts
         else:
             if sel == "locks":
-                pages, counts = w.select(q, self.summary_list(), self.block_table, self.seq_lens)
+                pages, counts = w.select(q, self.summary_list(), block_table, seq_lens)
             else:
                 pages, counts = selectors.select(
-                    sel, q, self.k_pages, self.block_table, self.seq_lens, scale=float(scaling),
+                    sel, q, self.k_pages, block_table, seq_lens, scale=float(scaling),
                     page_size=self.cfg.page_size, budget=self.cfg.budget, capacity=w.capacity,
                     sink_pages=self.cfg.sink_pages, recent_pages=self.cfg.recent_pages,
                     **self._selector_options(sel, float(scaling)))
             self.last_counts = counts
-            out, _ = w.attend(q, self.k_pages, self.v_pages, self.block_table, self.seq_lens,
-                              pages=pages, counts=counts, out=out)
-        return out.unsqueeze(1)
+            out, _ = w.attend(q, self.k_pages, self.v_pages, block_table, seq_lens, pages=pages,
+                              counts=counts, out=out)
+        return out
 
 
 class LocksCache(Cache):
