@@ -12,7 +12,9 @@
 #          budget >= context greedy tokens vs FLASH_ATTN (identical, or each first divergence
 #          at a tie of FLASH_ATTN's top two tokens; TRITON_ATTN vs FLASH_ATTN as the noise
 #          floor), ragged batch of 8, prefix caching on/off, graphs and eager, V1 and V2;
-#          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines.
+#          passkey 4K-8K at budget 512 (LOCKS_VLLM_PASSKEY=0 skips it); about 10 engines;
+#          v1-graph-spec (ngram_gpu speculative decoding) and v2-default run on vLLM's default
+#          compilation (LOCKS_VLLM_CONFIGS=name,... picks configurations).
 # gpu-tests: the backend's GPU tests without an engine (tests/vllm/test_gpu_*.py: two-level
 #          LOCKS with the decode step in a CUDA graph, against one bulk build and the operator;
 #          the fused decode write captured with the step, against the two-launch write;
