@@ -65,6 +65,26 @@ def test_token_rows_map_each_token_to_its_request_and_causal_length():
     assert rows.tolist() == [101, 102, 103, 104, 41, 18, 19, 20] and rows.dtype == torch.int32
 
 
+def test_token_rows_match_a_brute_force_walk():
+    """Random batches: query lengths 0-5 (0 = graph padding requests, anywhere among the real
+    ones as far as the function is concerned), lengths from the query length up; every token
+    maps to its request and the causal length of its own position."""
+    rng = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        n = int(torch.randint(1, 7, (1,), generator=rng))
+        ql = torch.randint(0, 6, (n,), generator=rng)
+        seq = ql + torch.randint(0, 300, (n,), generator=rng)
+        qsl = torch.zeros(n + 1, dtype=torch.int32)
+        qsl[1:] = torch.cumsum(ql, 0)
+        T = int(qsl[-1])
+        if T == 0:
+            continue
+        req, rows = bd.token_rows(qsl, seq.to(torch.int32), T)
+        want_req = [r for r in range(n) for _ in range(int(ql[r]))]
+        want_len = [int(seq[r]) - int(ql[r]) + 1 + i for r in range(n) for i in range(int(ql[r]))]
+        assert req.tolist() == want_req and rows.tolist() == want_len
+
+
 def test_the_builder_takes_the_speculative_tokens_as_decodes(monkeypatch):
     s = _make(monkeypatch, {"precision": "fp32", "budget": 64}, "reference", spec=fake_spec(k=3))
     assert s.builder.reorder_batch_threshold == s.builder.decode_threshold == 4
