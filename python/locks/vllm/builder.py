@@ -269,8 +269,8 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
             qsl = cm.query_start_loc_cpu[: num_decodes + 1]
             ql = qsl[1:] - qsl[:-1]
             T = self.request_tokens
-            if bool(((ql == T) | (ql == 0)).all()) and int(ql[-1]) in (T, 0) and \
-                    bool((ql[:-1] >= ql[1:]).all()):  # real requests first, then padding
+            if bool(((ql == T) | (ql == 0)).all()) and bool((ql[:-1] >= ql[1:]).all()):
+                # every request T tokens or none, the real ones first, then the padding
                 req_tokens = T
                 b.req_block_table[:num_decodes, :w].copy_(bt[:num_decodes, :w], non_blocking=True)
                 torch.clamp(cm.seq_lens[:num_decodes], min=1, out=b.req_seq_lens[:num_decodes])
@@ -280,7 +280,7 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
             S = self.settings.group_pages
             g = min(w // S, b.super_table.shape[1])
             st = bt[:, S - 1: g * S: S]
-            if multi and req is not None:
+            if req is not None:  # token rows (written above)
                 b.super_table[:rows, :g].copy_(st[req], non_blocking=True)
             elif not multi:
                 b.super_table[:n_reqs, :g].copy_(st, non_blocking=True)

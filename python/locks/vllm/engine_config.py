@@ -34,7 +34,7 @@ def refuse_config(vllm_config) -> list[str]:
     if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
         why.append("decode/prefill context parallelism is not supported; set it to 1")
     spec = getattr(vllm_config, "speculative_config", None)
-    method = getattr(spec, "method", None) if spec is not None else None
+    method = getattr(spec, "method", None)
     if spec is not None and method not in SPEC_METHODS:
         why.append(f"speculative decoding with method {method!r} is not supported: its draft model's "
                    "attention layers would need LOCKS summaries of their own; use a proposer without "

@@ -223,35 +223,32 @@ class LocksAttentionImpl(FlashAttentionImpl):
         if key == self._plan_key:
             return
         s = self.settings
+
+        def plan_buckets(num_q_heads: int, max_batch: int, **extra) -> list:
+            """(bucket, wrapper) for each batch bucket up to max_batch, over the one workspace."""
+            out = []
+            for mb in batch_buckets(max_batch):
+                w = ops().DecodeWrapper(b.workspace)
+                w.plan(num_q_heads=num_q_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
+                       page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
+                       num_blocks=num_blocks, max_batch=mb, max_blocks_per_seq=b.block_table.shape[1],
+                       budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
+                       dense_below=s.effective_min_context, scale=self.scale, device=device, **extra)
+                out.append((mb, w))
+            return out
+
         # One plan per batch bucket (builder.batch_buckets) over the one shared workspace: a
         # step of n sequences runs the kernels chosen for the smallest bucket >= n.
-        self.wrappers = []
-        for mb in batch_buckets(b.max_batch):
-            w = ops().DecodeWrapper(b.workspace)
-            w.plan(num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_size,
-                   page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
-                   num_blocks=num_blocks, max_batch=mb, max_blocks_per_seq=b.block_table.shape[1],
-                   budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-                   dense_below=s.effective_min_context, scale=self.scale, device=device,
-                   **two_level_plan(s, num_blocks))
-            self.wrappers.append((mb, w))
+        self.wrappers = plan_buckets(self.num_heads, b.max_batch, **two_level_plan(s, num_blocks))
         self.wrapper, self._plan_key = self.wrappers[-1][1], key
         self.req_wrappers = []
-        T = getattr(b, "request_tokens", 0)
+        T = b.request_tokens
         if T:  # spec_selection "request": a request's T tokens as G T heads of one row
             G = self.num_heads // self.num_kv_heads
             ok, why = ops().supports("cuda", head_dim=self.head_size, page_size=BLOCK_SIZE, group=G * T,
                                      kv_dtype=kv_dtype, rank=s.rank, precision=s.precision)
             if ok:
-                for mb in batch_buckets(b.max_requests):
-                    w = ops().DecodeWrapper(b.workspace)
-                    w.plan(num_q_heads=self.num_heads * T, num_kv_heads=self.num_kv_heads,
-                           head_dim=self.head_size, page_size=BLOCK_SIZE, rank=s.rank,
-                           precision=s.precision, kv_dtype=kv_dtype, num_blocks=num_blocks, max_batch=mb,
-                           max_blocks_per_seq=b.block_table.shape[1], budget_tokens=s.budget,
-                           sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-                           dense_below=s.effective_min_context, scale=self.scale, device=device)
-                    self.req_wrappers.append((mb, w))
+                self.req_wrappers = plan_buckets(self.num_heads * T, b.max_requests)
             else:
                 _log_request_selection_off_once(G, T, why)
         if s.group_pages:
