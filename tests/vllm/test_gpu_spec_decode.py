@@ -96,8 +96,9 @@ def test_gpu_request_selection_in_a_cuda_graph(monkeypatch):
     T = 2 * (K + 1)
     lens = [200, 90]
     md = graph.builder.build(0, metadata([K + 1] * 2, [n + K + 1 for n in lens], bt))
-    assert md.request_tokens == K + 1 and graph.impl.req_wrappers
+    assert md.request_tokens == K + 1
     g, q, kin, vin, out = capture_step(graph, md, T)
+    assert graph.impl.req_wrappers  # planned by the captured step (its first decode step)
     gen = torch.Generator().manual_seed(10)
     for _ in range(10):
         lens = [n + K + 1 for n in lens]
@@ -113,6 +114,15 @@ def test_gpu_request_selection_in_a_cuda_graph(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(out, want), lens
         b = mg.bufs
-        for i, n in enumerate(mg.seq_lens[:T].tolist()):
+        row_lens = mg.seq_lens[:T].tolist()
+        for i, n in enumerate(row_lens):
             for h in range(H):
                 assert int(b.pages[i, h, int(b.counts[i, h]) - 1]) == (n - 1) // tb.P
+        # One selection a request: its rows' lists differ only in the rows' own tail pages
+        # (token rows would select apart: budget 64 of 13-16 pages, random queries).
+        for r in range(2):
+            rows = range(r * (K + 1), (r + 1) * (K + 1))
+            tails = {(row_lens[i] - 1) // tb.P for i in rows}
+            for h in range(H):
+                sets = [set(b.pages[i, h, : int(b.counts[i, h])].tolist()) - tails for i in rows]
+                assert all(x == sets[0] for x in sets), (lens, r, h, sets)

@@ -76,6 +76,19 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
 
 
 _logged_request_off = False
+_logged_request_on = False
+
+
+def _log_request_selection_on_once(group: int, tokens: int) -> None:
+    """Once per process: the engine log says that verification steps select once a request."""
+    global _logged_request_on
+    if not _logged_request_on:
+        _logged_request_on = True
+        from vllm.logger import init_logger
+
+        init_logger(__name__).info(
+            "LOCKS: spec_selection 'request': one selection a verification request of %d tokens "
+            "(%d x %d query heads a KV head), copied to its token rows", tokens, group, tokens)
 
 
 def _log_request_selection_off_once(group: int, tokens: int, why: str) -> None:
@@ -249,6 +262,7 @@ class LocksAttentionImpl(FlashAttentionImpl):
                                      kv_dtype=kv_dtype, rank=s.rank, precision=s.precision)
             if ok:
                 self.req_wrappers = plan_buckets(self.num_heads * T, b.max_requests)
+                _log_request_selection_on_once(G, T)
             else:
                 _log_request_selection_off_once(G, T, why)
         if s.group_pages:
