@@ -246,7 +246,9 @@ def request_reference(s, q, bt, req_lens, T, budget):
     for its own; then the reference attention of each token over its row's pages."""
     S = len(req_lens)
     qr = q.view(S, T, H, HQ // H, D).permute(0, 2, 3, 1, 4).reshape(S, HQ * T, D)
-    lens = torch.tensor(req_lens, dtype=torch.int32)
+    # at the last token's length, less one where it completes a page (that page is then the
+    # selection's tail, which the request's other rows hold partly)
+    lens = torch.tensor([n - (n % tb.P == 0) for n in req_lens], dtype=torch.int32)
     req = ref.select(qr.float(), s.impl.side.summaries(), bt, lens, budget)
     rows, row_lens = [], []
     for r in range(S):
@@ -293,6 +295,39 @@ def test_request_selection_one_selection_a_request(monkeypatch, budget):
         assert rows[0][0][-1] == 5 and rows[2][0][-1] == 6 and 6 not in rows[0][0]   # own tails
         dense = dense_of(s, q[3:4], bt[:1], cm.seq_lens[:1])
         assert (out[3].double() - dense[0]).abs().max() > 1e-2                  # really sparse
+
+
+@pytest.mark.parametrize("ops", ["reference", "compiled"])
+def test_request_selection_complete_last_page(monkeypatch, ops):
+    """spec_selection "request" where the request's last token completes a page (rows 93-96):
+    the request selects at length 95, so page 5, which rows 93-95 hold partly, is its tail and
+    in every row's list (at length 96 it would be a scored page: with a budget of two pages,
+    left out for some head here). Outputs equal the reference's request selection bit for bit
+    (reference operators), and every row with a partial page attends it (both)."""
+    cfg = {"precision": "fp32" if ops == "reference" else "int4", "budget": 32,
+           "spec_selection": "request", "min_context": 0}
+    s = _make(monkeypatch, cfg, ops, spec=fake_spec(k=3))
+    bt, gen = tb.tables(), torch.Generator().manual_seed(36)
+    q, k, v = rand_rows(gen, 129)
+    run(s, bt, [92, 37], [92, 37], q, k, v)
+    q, k, v = rand_rows(gen, 8)
+    cm, md, out = run(s, bt, [4, 4], [96, 41], q, k, v)
+    b = md.bufs
+    assert b.req_seq_lens[:2].tolist() == [95, 41]
+    req0 = [set(b.req_pages[0, h, : int(b.req_counts[0, h])].tolist()) for h in range(H)]
+    for i, n in enumerate(md.seq_lens[:8].tolist()):
+        for h in range(H):
+            lst = b.pages[i, h, : int(b.counts[i, h])].tolist()
+            assert lst == sorted(lst) and len(set(lst)) == len(lst)
+            if n % tb.P:
+                assert (n - 1) // tb.P in lst, (i, n, h, lst)
+            if i == 3:                                          # row 96: the request's own list
+                assert set(lst) == req0[h]
+    if ops == "reference":
+        want, rows = request_reference(s, q, bt, [96, 41], 4, 32)
+        assert torch.equal(out, want)
+        assert [[sorted(int(x) for x in b.pages[i, h, : int(b.counts[i, h])]) for h in range(H)]
+                for i in range(8)] == [[sorted(p) for p in r] for r in rows]
 
 
 def test_request_selection_falls_back_to_token_rows(monkeypatch):

@@ -273,7 +273,13 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                 # every request T tokens or none, the real ones first, then the padding
                 req_tokens = T
                 b.req_block_table[:num_decodes, :w].copy_(bt[:num_decodes, :w], non_blocking=True)
-                torch.clamp(cm.seq_lens[:num_decodes], min=1, out=b.req_seq_lens[:num_decodes])
+                r = b.req_seq_lens[:num_decodes]
+                torch.clamp(cm.seq_lens[:num_decodes], min=1, out=r)
+                # The request selects at its last token's length, less one where that token
+                # completes a page: the page is partial for the request's other rows, so it
+                # must be in every row's list, as the selection's tail always is (at the full
+                # length it would only be a scored page, possibly left out).
+                r.sub_((r % BLOCK_SIZE == 0).to(r.dtype))
                 b.req_seq_lens[num_decodes:].fill_(1)
         jobs = None
         if b.super_table is not None:

@@ -351,7 +351,9 @@ class LocksAttentionImpl(FlashAttentionImpl):
         its T token rows; a row whose own tail page precedes the request's (its tokens straddle
         a page end: T <= the block size, so by one page) drops the request's tail page and
         attends its own instead; then each token attends over its row's pages up to its own
-        length. Graph-safe: device ops only, into the persistent buffers."""
+        length. The request row's length is its last token's, less one where that completes a
+        page (builder: so that the page, partial for the request's other rows, is the list's
+        tail). Graph-safe: device ops only, into the persistent buffers."""
         b = md.bufs
         S, H, d = n // T, self.num_kv_heads, self.head_size
         G = self.num_heads // H
@@ -367,6 +369,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
         straddle = tail < ((b.req_seq_lens[:S] - 1) // BLOCK_SIZE).repeat_interleave(T)[:, None]
         valid = torch.arange(pages.shape[2], device=pages.device)[None, None, :] < counts[..., None]
         has_tail = ((pages == tail[..., None]) & valid).any(-1)
+        # Straddling (the request's list ends with its partial tail page: see the builder's
+        # req_seq_lens): that entry becomes the row's own tail, or goes.
         last = (counts - 1).clamp(min=0).to(torch.int64)[..., None]   # the request's tail page
         fixed = torch.where(has_tail, torch.full_like(tail, -1), tail)
         pages.scatter_(2, last, torch.where(straddle, fixed, pages.gather(2, last)[..., 0])[..., None])
