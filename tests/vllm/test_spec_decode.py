@@ -330,6 +330,34 @@ def test_request_selection_complete_last_page(monkeypatch, ops):
                 for i in range(8)] == [[sorted(p) for p in r] for r in rows]
 
 
+def test_request_selection_is_logged_in_vllms_log(monkeypatch):
+    """The plugin logs through a child of vLLM's "vllm" logger, the one vLLM gives a handler
+    and its INFO level (a `locks.*` logger's INFO lines never reached an engine's log): the
+    request-selection line arrives there once."""
+    import logging
+
+    import locks.vllm.impl as im
+
+    monkeypatch.setattr(im, "_logged_request_on", False)
+    got: list = []
+    h = logging.Handler(logging.DEBUG)
+    h.emit = got.append
+    vl = logging.getLogger("vllm")
+    vl.addHandler(h)
+    try:
+        cfg = {"precision": "fp32", "budget": 32, "spec_selection": "request", "min_context": 0}
+        s = _make(monkeypatch, cfg, "reference", spec=fake_spec(k=3))
+        bt, gen = tb.tables(), torch.Generator().manual_seed(37)
+        run(s, bt, [60, 37], [60, 37], *rand_rows(gen, 97))
+        for _ in range(2):
+            run(s, bt, [4, 4], [64, 41], *rand_rows(gen, 8))
+    finally:
+        vl.removeHandler(h)
+    assert im.plugin_logger().name.startswith("vllm.")
+    msgs = [r.getMessage() for r in got if "spec_selection 'request'" in r.getMessage()]
+    assert len(msgs) == 1 and "4 tokens" in msgs[0], msgs
+
+
 def test_request_selection_falls_back_to_token_rows(monkeypatch):
     """A verification batch that is not uniform (4 and 2 tokens) and a group the kernels do not
     take (G 4 x 9 tokens = 36 heads > 32) decode one row a token: the one-token bits."""

@@ -39,6 +39,15 @@ def kv_layout_problem(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | Non
     return None
 
 
+def plugin_logger():
+    """The plugin's logger, under vLLM's "vllm" logger: vLLM configures only that one (its
+    handler, its level, no propagation), so a logger outside it, such as `locks.vllm.impl`,
+    drops INFO lines from the engine's log."""
+    from vllm.logger import init_logger
+
+    return init_logger("vllm." + __name__)
+
+
 _logged_layout = False
 
 
@@ -46,10 +55,8 @@ def _log_layout_once(k_cache: torch.Tensor) -> None:
     global _logged_layout
     if not _logged_layout:
         _logged_layout = True
-        from vllm.logger import init_logger
-
         dense = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
-        init_logger(__name__).info("LOCKS: KV cache K half shape %s strides %s (block stride %d, "
+        plugin_logger().info("LOCKS: KV cache K half shape %s strides %s (block stride %d, "
                                    "dense %d)", tuple(k_cache.shape), tuple(k_cache.stride()),
                                    k_cache.stride(0), dense)
 
@@ -63,12 +70,10 @@ def _log_two_level_once(s, geom: SummaryGeometry, num_blocks: int, kv_dtype: tor
     if _logged_two_level:
         return
     _logged_two_level = True
-    from vllm.logger import init_logger
-
     sup = geom.super_bytes_per_block
     kv = 2 * geom.page_size * geom.num_kv_heads * geom.head_dim * torch.empty((), dtype=kv_dtype).element_size()
     fb = flat_below_groups(s, geom.page_size)
-    init_logger(__name__).info(
+    plugin_logger().info(
         "LOCKS two-level: group_pages %d, alpha %g, budget %d, min_groups %d; sequences under %d tokens "
         "(%d complete groups) decode flat; a super summary slot in each of the %d blocks' side-cache rows, "
         "%d B a block a layer (%.1f%% of its K/V)", s.group_pages, s.alpha, s.budget, s.min_groups,
@@ -84,9 +89,7 @@ def _log_request_selection_on_once(group: int, tokens: int) -> None:
     global _logged_request_on
     if not _logged_request_on:
         _logged_request_on = True
-        from vllm.logger import init_logger
-
-        init_logger(__name__).info(
+        plugin_logger().info(
             "LOCKS: spec_selection 'request': one selection a verification request of %d tokens "
             "(%d x %d query heads a KV head), copied to its token rows", tokens, group, tokens)
 
@@ -96,9 +99,7 @@ def _log_request_selection_off_once(group: int, tokens: int, why: str) -> None:
     global _logged_request_off
     if not _logged_request_off:
         _logged_request_off = True
-        from vllm.logger import init_logger
-
-        init_logger(__name__).warning(
+        plugin_logger().warning(
             "LOCKS: spec_selection 'request' needs the kernels to take a group of %d x %d = %d query "
             "heads a KV head (%s); verification tokens select one row each ('token')", group, tokens,
             group * tokens, why)
