@@ -57,8 +57,8 @@ def _log_layout_once(k_cache: torch.Tensor) -> None:
         _logged_layout = True
         dense = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
         plugin_logger().info("LOCKS: KV cache K half shape %s strides %s (block stride %d, "
-                                   "dense %d)", tuple(k_cache.shape), tuple(k_cache.stride()),
-                                   k_cache.stride(0), dense)
+                             "dense %d)", tuple(k_cache.shape), tuple(k_cache.stride()),
+                             k_cache.stride(0), dense)
 
 
 _logged_two_level = False
