@@ -30,13 +30,13 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 namespace {
@@ -62,8 +62,10 @@ __global__ void gather_kernel(const char* __restrict__ k, const char* __restrict
         const int c = c0 + i * 32 + lane;
         const int row = c * 16 / row_bytes, col = c * 16 % row_bytes;
         const int64_t off = b0 + row * stride + col;
-        x[i] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(k + off)) : make_uint4(0, 0, 0, 0);
-        y[i] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(v + off)) : make_uint4(0, 0, 0, 0);
+        x[i] =
+            c < chunks ? __ldcs(reinterpret_cast<const uint4*>(k + off)) : make_uint4(0, 0, 0, 0);
+        y[i] =
+            c < chunks ? __ldcs(reinterpret_cast<const uint4*>(v + off)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc ^= x[i].x ^ x[i].w ^ y[i].y ^ y[i].z;
@@ -127,8 +129,8 @@ int main(int argc, char** argv) {
   if (per_head.empty()) per_head = {128, 512, 2048};
   const int pages = ctx / kP;
   if (H < 1 || d < 8 || d % 8 || B < 1 || pages < 1) {
-    std::fprintf(stderr, "bad shape: heads %d, dim %d (a multiple of 8), batch %d, context %d\n",
-                 H, d, B, ctx);
+    std::fprintf(stderr, "bad shape: heads %d, dim %d (a multiple of 8), batch %d, context %d\n", H,
+                 d, B, ctx);
     return 2;
   }
   for (int n : per_head)
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   const int64_t blocks = int64_t(pages) * B;
-  const int64_t row = int64_t(d) * 2;                  // bytes of one token's row of one head
+  const int64_t row = int64_t(d) * 2;                   // bytes of one token's row of one head
   const size_t tensor = size_t(blocks) * kP * H * row;  // K (or V) bytes
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -152,7 +154,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&sink, 4));
   CK(cudaMemset(k, 1, tensor));
   CK(cudaMemset(v, 2, tensor));
-  const size_t max_pieces = size_t(B) * H * size_t(*std::max_element(per_head.begin(), per_head.end()));
+  const size_t max_pieces =
+      size_t(B) * H * size_t(*std::max_element(per_head.begin(), per_head.end()));
   CK(cudaMalloc(&dbase, std::max(max_pieces, size_t(blocks)) * 8));
 
   const int sms = prop.multiProcessorCount;
@@ -168,7 +171,8 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dbase, base.data(), base.size() * 8, cudaMemcpyHostToDevice));
     const int n = int(base.size());
     const int grid = std::min((n + 7) / 8, sms * 8);
-    return median_ms([&] { gather_kernel<<<grid, 256>>>(k, v, dbase, n, row_bytes, stride, sink); });
+    return median_ms(
+        [&] { gather_kernel<<<grid, 256>>>(k, v, dbase, n, row_bytes, stride, sink); });
   };
   std::mt19937_64 rng(7);
   std::printf(
@@ -183,12 +187,13 @@ int main(int argc, char** argv) {
     for (int s = 0; s < B; ++s)
       for (int h = 0; h < H; ++h) {
         std::iota(idx.begin(), idx.end(), 0);
-        for (int i = 0; i < n; ++i) std::swap(idx[size_t(i)], idx[size_t(i) + rng() % size_t(pages - i)]);
+        for (int i = 0; i < n; ++i)
+          std::swap(idx[size_t(i)], idx[size_t(i) + rng() % size_t(pages - i)]);
         std::sort(idx.begin(), idx.begin() + n);
         for (int i = 0; i < n; ++i) {
           const int64_t blk = int64_t(idx[size_t(i)]) * B + s;
-          vllm.push_back(blk * kP * H * row + h * row);   // row t at + t * H * row
-          headmaj.push_back((blk * H + h) * kP * row);    // row t at + t * row
+          vllm.push_back(blk * kP * H * row + h * row);     // row t at + t * H * row
+          headmaj.push_back((blk * H + h) * kP * row);      // row t at + t * row
           if (h == 0) whole.push_back(blk * kP * H * row);  // all heads: the same bytes in all
         }
       }
