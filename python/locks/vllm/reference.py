@@ -134,6 +134,16 @@ def decode(q, k_cache, v_cache, summaries, block_table, seq_lens, budget, sink_p
     return attend(q, k_cache, v_cache, block_table, seq_lens, pages, scale)
 
 
+def _into(q, o, l, out, lse):
+    """The wrappers' outputs: o and l copied into the caller's out / lse (fp32 buffers made
+    when None), as the compiled DecodeWrapper writes them."""
+    out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
+    lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
+    out.copy_(o)
+    lse.copy_(l)
+    return out, lse
+
+
 class ReferenceWrapper:
     """The `locks.DecodeWrapper` interface (SPEC.md) over this reference, fp32 summaries:
     what the plugin's CPU tests plug in instead of the compiled operators."""
@@ -158,12 +168,7 @@ class ReferenceWrapper:
         self.runs.append((q.shape[0], dense))
         o, l = decode(q, k_cache, v_cache, summaries, block_table, seq_lens, self.budget,
                       self.sink, self.recent, self.scale, dense, self.dense_below)
-        out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
-        lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
-        out.copy_(o)
-        lse.copy_(l)
-        return out, lse
-
+        return _into(q, o, l, out, lse)
 
     def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None):
         """DecodeWrapper.select: pages [B, H, capacity] ascending, -1 padded; counts [B, H]."""
@@ -188,11 +193,7 @@ class ReferenceWrapper:
             [[int(x) for x in pages[b, h, : int(counts[b, h])]] for h in range(pages.shape[1])]
             for b in range(pages.shape[0])]
         o, l = attend(q, k_cache, v_cache, block_table, seq_lens, lists, self.scale)
-        out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
-        lse = torch.empty(q.shape[:2], dtype=torch.float32) if lse is None else lse
-        out.copy_(o)
-        lse.copy_(l)
-        return out, lse
+        return _into(q, o, l, out, lse)
 
 
 class ReferenceOps:
