@@ -41,20 +41,17 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.cuh"
 #include "locks/contract.h"
 #include "locks/cuda/decoder.h"
 #include "locks/cuda/summary_builder.h"
 
 using namespace locks;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+using bench::flush_l2;
+using bench::g_flush;
+using bench::kFlushBytes;
+using bench::median_ms;
+using bench::read_kernel;
 
 namespace {
 
@@ -75,9 +72,9 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
     p[i] = (float(x & 0xffffu) / 65535.0f - 0.5f) * 2.0f;
   }
 }
-// Read ceiling: every thread streams 16-byte loads; the sum is kept so nothing is elided.
 // spec_selection "request" (vLLM plugin): each sequence's selection copied to its T token rows
-// (the plugin's repeat_interleave; the bench's rows do not straddle a page end, so no tail fix).
+// (the plugin's repeat_interleave). The plugin's own-tail fix for rows that straddle a page
+// end (a few elementwise device ops) is left out: it swaps or drops one page of such a row.
 __global__ void expand_rows(const int32_t* __restrict__ pages, const int32_t* __restrict__ counts,
                             int32_t* __restrict__ rows_pages, int32_t* __restrict__ rows_counts,
                             int T, int hkv, int capacity) {
@@ -86,48 +83,6 @@ __global__ void expand_rows(const int32_t* __restrict__ pages, const int32_t* __
     rows_pages[size_t(b) * per_row + i] = pages[size_t(src) * per_row + i];
   for (int i = threadIdx.x; i < hkv; i += blockDim.x)
     rows_counts[size_t(b) * hkv + i] = counts[size_t(src) * hkv + i];
-}
-
-__global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-  }
-  ~Timer() { cudaEventDestroy(a), cudaEventDestroy(b); }
-};
-
-void* g_flush = nullptr;
-const size_t kFlushBytes = size_t(256) << 20;
-void flush_l2(cudaStream_t st) { CK(cudaMemsetAsync(g_flush, 0, kFlushBytes, st)); }
-
-// Median time (ms) of fn() over reps, L2 flushed before each.
-template <typename F>
-double median_ms(F fn, cudaStream_t st, int reps) {
-  Timer t;
-  std::vector<double> v;
-  for (int i = 0; i < reps + 2; ++i) {
-    flush_l2(st);
-    CK(cudaEventRecord(t.a, st));
-    fn();
-    CK(cudaEventRecord(t.b, st));
-    CK(cudaEventSynchronize(t.b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, t.a, t.b));
-    if (i >= 2) v.push_back(ms);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Graph {

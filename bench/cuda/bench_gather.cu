@@ -30,14 +30,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "bench_timing.cuh"
 
 namespace {
 
@@ -72,43 +65,6 @@ __global__ void gather_kernel(const char* __restrict__ k, const char* __restrict
     }
   }
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads
-}
-
-__global__ void stream_kernel(const uint4* __restrict__ k, const uint4* __restrict__ v, size_t n,
-                              unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 a = __ldcs(k + i), b = __ldcs(v + i);
-    acc ^= a.x ^ a.w ^ b.y ^ b.z;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
-void* g_flush = nullptr;
-constexpr size_t kFlush = size_t(256) << 20;
-
-template <typename F>
-double median_ms(F fn, int reps = 9) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps + 2; ++i) {
-    CK(cudaMemset(g_flush, i, kFlush));  // L2 flushed before each
-    CK(cudaEventRecord(a));
-    fn();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 2) t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 int arg_int(int argc, char** argv, const char* name, int def) {
@@ -148,9 +104,9 @@ int main(int argc, char** argv) {
   char *k = nullptr, *v = nullptr;
   unsigned* sink = nullptr;
   int64_t* dbase = nullptr;
-  CK(cudaMalloc(&k, tensor));
-  CK(cudaMalloc(&v, tensor));
-  CK(cudaMalloc(&g_flush, kFlush));
+  CK(cudaMalloc(&k, 2 * tensor));  // K, then V: one streaming read covers both
+  v = k + tensor;
+  CK(cudaMalloc(&bench::g_flush, bench::kFlushBytes));
   CK(cudaMalloc(&sink, 4));
   CK(cudaMemset(k, 1, tensor));
   CK(cudaMemset(v, 2, tensor));
@@ -159,9 +115,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&dbase, std::max(max_pieces, size_t(blocks)) * 8));
 
   const int sms = prop.multiProcessorCount;
-  const double t_stream = median_ms([&] {
-    stream_kernel<<<sms * 8, 512>>>((const uint4*)k, (const uint4*)v, tensor / 16, sink);
-  });
+  const double t_stream = bench::median_ms(
+      [&] { bench::read_kernel<<<sms * 8, 512>>>((const uint4*)k, 2 * tensor / 16, sink); }, 0, 9);
   const double ceil_tbs = 2.0 * tensor / (t_stream * 1e-3) / 1e12;
   std::printf("stream: %.3f ms, %.2f TB/s (the read ceiling here)\n", t_stream, ceil_tbs);
 
@@ -171,8 +126,8 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dbase, base.data(), base.size() * 8, cudaMemcpyHostToDevice));
     const int n = int(base.size());
     const int grid = std::min((n + 7) / 8, sms * 8);
-    return median_ms(
-        [&] { gather_kernel<<<grid, 256>>>(k, v, dbase, n, row_bytes, stride, sink); });
+    return bench::median_ms(
+        [&] { gather_kernel<<<grid, 256>>>(k, v, dbase, n, row_bytes, stride, sink); }, 0, 9);
   };
   std::mt19937_64 rng(7);
   std::printf(
@@ -206,8 +161,7 @@ int main(int argc, char** argv) {
                 tb, tbs(tb), 100 * tbs(tb) / ceil_tbs);
   }
   CK(cudaFree(k));
-  CK(cudaFree(v));
-  CK(cudaFree(g_flush));
+  CK(cudaFree(bench::g_flush));
   CK(cudaFree(sink));
   CK(cudaFree(dbase));
   return 0;
