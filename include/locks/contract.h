@@ -37,6 +37,7 @@
 #include "locks/error.h"
 #include "locks/kv_cache.h"
 #include "locks/plan.h"
+#include "locks/request_rows.h"
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
@@ -98,6 +99,12 @@ void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheV
 void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
             const SummaryView& summaries, const BatchView& batch, const QueryView& q,
             const AttentionOutput& out, const Selection* selection_out);
+// Speculative verification (request_rows.h): the selection `req` made once per request
+// ([num_requests, num_kv_heads, req.capacity]) as each token row's list in `out`
+// ([num_requests * tokens_per_request, num_kv_heads, out.capacity]). No plan, no workspace.
+// The CPU checks the requests' selections (select.h's form) and every row first.
+void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads, int page_size,
+                  const Selection& out);
 // The two-level step (super_summary.h; a plan with params.two_level): level 1 (super_score
 // into plan.super_scores), the kept groups as a page list (select_groups_list into
 // plan.page_map / list_lens), level-2 scoring of the listed pages only, aggregation and
@@ -150,6 +157,11 @@ void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheV
 void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
             const SummaryView& summaries, const BatchView& batch, const QueryView& q,
             const AttentionOutput& out, const Selection* selection_out, cudaStream_t stream);
+// One launch, a warp per (row, KV head); lengths, counts and pages are device data: a count
+// outside [0, req.capacity] or a partial last page that does not fit gives the row count -1
+// (invalid: the attention writes NaN rows), a row of length < 1 count 0 (request_rows.h).
+void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads, int page_size,
+                  const Selection& out, cudaStream_t stream);
 // cpu::decode_two_level on the GPU: no allocation, no host synchronisation (capturable).
 void decode_two_level(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                       const SummaryView& summaries, const SuperView& supers,

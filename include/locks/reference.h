@@ -7,6 +7,7 @@
 
 #include "locks/attention.h"
 #include "locks/kv_cache.h"
+#include "locks/request_rows.h"
 #include "locks/score.h"
 #include "locks/select.h"
 #include "locks/summary.h"
@@ -43,6 +44,13 @@ void select_pages(const double* group_scores, const BatchView& batch, int num_kv
                   int page_size, const SelectConfig& cfg, const Selection& out);
 void decode_attention(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
                       float scale, const Selection* sel, double* out, double* lse);
+
+// Each token row's list from its request's selection (request_rows.h), as vectors: the
+// request's pages at or before the row's last page, that page if missing and there is room,
+// then any pages past the request's last; a row of length < 1 gets none. Host arrays, any
+// values: an invalid request count or a partial last page without room gives count -1.
+void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads, int page_size,
+                  const Selection& out);
 
 // The filled-page rules of the contract (contract.h), as the blocks each build must
 // summarise: filled_blocks for summary_build_filled (one entry per sequence whose last

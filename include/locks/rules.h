@@ -103,6 +103,17 @@ LOCKS_HD constexpr int64_t slot_filled_block(int64_t slot, int page_size) {
   return (slot >= 0 && slot % page_size == page_size - 1) ? slot / page_size : -1;
 }
 
+// Request rows (request_rows.h): the last page of a sequence of len tokens (-1 for len < 1);
+// where a token row puts page p of its request's list (its own last page row_last, the
+// request's req_last): 0 = before the row's own last page (p <= row_last), 2 = after it (p past
+// both: an invalid entry, passed on), 1 = dropped (row_last < p <= req_last).
+LOCKS_HD constexpr int last_page(int64_t len, int page_size) {
+  return len >= 1 ? static_cast<int>((len - 1) / page_size) : -1;
+}
+LOCKS_HD constexpr int request_row_part(int page, int row_last, int req_last) {
+  return page <= row_last ? 0 : page > req_last ? 2 : 1;
+}
+
 static_assert(select_capacity(20, 16, 100, 0) == 2, "b = 20, P = 16 needs 2 slots");
 static_assert(select_capacity(64, 16, 300, 4097) == 256 &&
                   select_capacity(64, 16, 300, 4098) == 257,
@@ -118,5 +129,10 @@ static_assert(adaptive_pages(1, 5, 0.5f, 1.0, [](int m) { return 0.2 * m; }) == 
 static_assert(adaptive_pages(4, 5, 0.1f, 1.0, [](int m) { return 0.2 * m; }) == 4, "the floor");
 static_assert(filled_page(16, 1, 16) == 0 && filled_page(17, 1, 16) == -1, "page 0 fills at 16");
 static_assert(slot_filled_block(31, 16) == 1 && slot_filled_block(-1, 16) == -1, "slot rule");
+static_assert(last_page(16, 16) == 0 && last_page(17, 16) == 1 && last_page(0, 16) == -1,
+              "last page");
+static_assert(request_row_part(3, 3, 4) == 0 && request_row_part(4, 3, 4) == 1 &&
+                  request_row_part(5, 3, 4) == 2 && request_row_part(-1, 3, 4) == 0,
+              "row parts");
 
 }  // namespace locks::rules

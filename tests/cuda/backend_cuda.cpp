@@ -89,6 +89,10 @@ class CudaBackend final : public OpsBackend {
               const Selection* sel) override {
     cuda::decode(p, ws, c, s, b, q, out, sel, nullptr);
   }
+  void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads, int page_size,
+                    const Selection& out) override {
+    cuda::request_rows(rows, req, num_kv_heads, page_size, out, nullptr);
+  }
 };
 
 }  // namespace

@@ -61,6 +61,8 @@ class OpsBackend {
   virtual void decode(const DecodePlan& p, Workspace ws, const KvCacheView& c, const SummaryView& s,
                       const BatchView& b, const QueryView& q, const AttentionOutput& out,
                       const Selection* sel) = 0;
+  virtual void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads,
+                            int page_size, const Selection& out) = 0;
 };
 
 std::unique_ptr<OpsBackend> make_backend();

@@ -98,6 +98,10 @@ class CpuBackend final : public OpsBackend {
               const Selection* sel) override {
     cpu::decode(p, ws, c, s, b, q, out, sel);
   }
+  void request_rows(const RequestRows& rows, const Selection& req, int num_kv_heads, int page_size,
+                    const Selection& out) override {
+    cpu::request_rows(rows, req, num_kv_heads, page_size, out);
+  }
 };
 
 }  // namespace
