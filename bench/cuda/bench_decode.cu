@@ -30,7 +30,8 @@
 //   (each sequence's cache read T times, less what L2 shares); the extra line times it over
 //   one row a sequence (each cache read once, as a verification kernel with T queries reads
 //   it) and compares LOCKS with that; where G T <= 32 a third line times the vLLM plugin's
-//   spec_selection "request" (one selection a sequence from its T queries, copied to the rows).
+//   spec_selection "request" (one selection a sequence from its T queries, handed to its rows by
+//   cuda::request_rows, as the plugin runs it).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -72,19 +73,6 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
     p[i] = (float(x & 0xffffu) / 65535.0f - 0.5f) * 2.0f;
   }
 }
-// spec_selection "request" (vLLM plugin): each sequence's selection copied to its T token rows
-// (the plugin's repeat_interleave). The plugin's own-tail fix for rows that straddle a page
-// end (a few elementwise device ops) is left out: it swaps or drops one page of such a row.
-__global__ void expand_rows(const int32_t* __restrict__ pages, const int32_t* __restrict__ counts,
-                            int32_t* __restrict__ rows_pages, int32_t* __restrict__ rows_counts,
-                            int T, int hkv, int capacity) {
-  const int b = blockIdx.x, src = b / T, per_row = hkv * capacity;
-  for (int i = threadIdx.x; i < per_row; i += blockDim.x)
-    rows_pages[size_t(b) * per_row + i] = pages[size_t(src) * per_row + i];
-  for (int i = threadIdx.x; i < hkv; i += blockDim.x)
-    rows_counts[size_t(b) * hkv + i] = counts[size_t(src) * hkv + i];
-}
-
 struct Graph {
   cudaGraphExec_t exec = nullptr;
   template <typename F>
@@ -394,22 +382,26 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     if (T > 1 && m.hq * T / m.hkv <= 32) {
       // spec_selection "request": score + select once a sequence from its T queries as G T
       // heads of one row (the bench's queries in token-major order: the same cost as the
-      // plugin's head-major copy, other selections), the selection copied to the T token rows,
-      // then the token rows' attention.
+      // plugin's head-major copy, other selections), the selection handed to the T token rows
+      // (cuda::request_rows: each row's own last page), then the token rows' attention. The
+      // sequence selects at its length, less one where that is a whole number of pages (the
+      // plugin's rule: its last page is then partial, so always selected).
       const int S = B / T;
-      const BatchView& breq = once;
+      int32_t* dlens_req = nullptr;
+      CK(cudaMalloc(&dlens_req, size_t(S) * 4));
+      const std::vector<int32_t> req_lens(size_t(S), int32_t(ctx % kP == 0 ? ctx - 1 : ctx));
+      CK(cudaMemcpy(dlens_req, req_lens.data(), size_t(S) * 4, cudaMemcpyHostToDevice));
+      const BatchView breq{once.block_table, once.block_table_stride, dlens_req, S, int(pages)};
       cuda::Plan preq{L, m.hq * T, S, int(pages), DecodeConfig{SelectConfig{kBudget, 1, 2}, 0.0f}};
       cuda::Decoder dreq(preq);
       const QueryView qreq{D.q, m.hq * T};
       const Selection sreq = dreq.selection(), srow = dec.selection();
-      if (sreq.capacity != srow.capacity)  // both plans take it from the budget: a bench bug
-        throw std::runtime_error("request and token plans differ in selection capacity");
+      const RequestRows rows{dlens_req, batch.seq_lens, S, T};
       Graph g_req(
           [&] {
             dreq.score(s, breq, qreq, st);
             dreq.aggregate_select(breq, st);
-            expand_rows<<<B, 128, 0, st>>>(sreq.pages, sreq.counts, srow.pages, srow.counts, T,
-                                           m.hkv, sreq.capacity);
+            cuda::request_rows(rows, sreq, m.hkv, kP, srow, st);
             dec.attend(cache, batch, qv, &srow, ao, st);
           },
           st);
@@ -418,6 +410,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
           "  spec_selection 'request' (one selection a sequence, %d heads a row): %.4f ms; %.2fx "
           "the read-once dense, %.2fx the token rows' step\n",
           m.hq * T, t_req, t_dense_once / t_req, t_locks / t_req);
+      CK(cudaFree(dlens_req));
     }
     if (dlens_once) CK(cudaFree(dlens_once));
     // Latency of one build_filled launch (the step's graph pays it whenever a page fills).

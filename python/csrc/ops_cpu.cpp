@@ -44,6 +44,10 @@ struct CpuOps {
                                const locks::Selection& sel, Stream) {
     locks::cpu::aggregate_select(p, ws, b, hs, gs, sel);
   }
+  static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
+                           const locks::Selection& out, Stream) {
+    locks::cpu::request_rows(r, req, H, P, out);
+  }
   static void decode_attention_sparse(const locks::DecodePlan& p, locks::Workspace ws,
                                       const locks::KvCacheView& c, const locks::BatchView& b,
                                       const locks::QueryView& q, const locks::Selection& sel,

@@ -48,6 +48,10 @@ struct CudaOps {
                                const locks::Selection& sel, Stream st) {
     locks::cuda::aggregate_select(p, ws, b, hs, gs, sel, st);
   }
+  static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
+                           const locks::Selection& out, Stream st) {
+    locks::cuda::request_rows(r, req, H, P, out, st);
+  }
   static void decode_attention_sparse(const locks::DecodePlan& p, locks::Workspace ws,
                                       const locks::KvCacheView& c, const locks::BatchView& b,
                                       const locks::QueryView& q, const locks::Selection& sel,

@@ -132,6 +132,36 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
   });
 }
 
+// A request's selection as each of its token rows' (request_rows.h): views, then one call.
+template <class B>
+void request_rows(const at::Tensor& req_pages, const at::Tensor& req_counts,
+                  const at::Tensor& req_seq_lens, const at::Tensor& seq_lens,
+                  int64_t tokens_per_request, int64_t page_size, const at::Tensor& pages,
+                  const at::Tensor& counts) {
+  const at::Device dev = call_device<B>(req_pages, "req_pages");
+  same_device(dev, {{&req_pages, "req_pages"},
+                    {&req_counts, "req_counts"},
+                    {&req_seq_lens, "req_seq_lens"},
+                    {&seq_lens, "seq_lens"},
+                    {&pages, "pages"},
+                    {&counts, "counts"}});
+  typename B::Guard guard(dev);
+  require(req_seq_lens, "req_seq_lens", at::kInt, 1);
+  require(seq_lens, "seq_lens", at::kInt, 1);
+  require(req_pages, "req_pages", at::kInt, 3);
+  const int S = to_int(req_seq_lens.size(0), "req_seq_lens.size(0) (requests)");
+  const int T = to_int(tokens_per_request, "tokens_per_request");
+  const int H = to_int(req_pages.size(1), "req_pages.size(1) (num_kv_heads)");
+  TORCH_CHECK_VALUE(T >= 1 && seq_lens.size(0) == int64_t(S) * T, "seq_lens: ", seq_lens.size(0),
+                    " rows, expected ", S, " requests x ", tokens_per_request, " tokens");
+  const locks::Selection req = selection_view(req_pages, req_counts, S, H);
+  const locks::Selection out = selection_view(pages, counts, int(seq_lens.size(0)), H);
+  const locks::RequestRows rows{req_seq_lens.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), S,
+                                T};
+  translate_errors(
+      [&] { B::request_rows(rows, req, H, to_int(page_size, "page_size"), out, B::stream(dev)); });
+}
+
 template <class B>
 void decode_attention(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
                       const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -179,6 +209,7 @@ void register_ops(torch::Library& m) {
   m.impl("summary_update", &summary_update<B>);
   m.impl("cache_write", &cache_write<B>);
   m.impl("select_pages", &select_pages<B>);
+  m.impl("request_rows", &request_rows<B>);
   m.impl("decode_attention", &decode_attention<B>);
 }
 

@@ -54,6 +54,13 @@ TORCH_LIBRARY(locks, m) {
   m.def(
       "select_pages(Tensor(a!) workspace, int[] plan, Tensor q, Tensor[] summaries, "
       "Tensor block_table, Tensor seq_lens, Tensor(b!) pages, Tensor(c!) counts) -> ()");
+  // Speculative verification with one selection a request (include/locks/request_rows.h):
+  // req_pages [S, H, C] / req_counts [S, H], selected at req_seq_lens [S], become the lists of
+  // the S x tokens_per_request token rows of lengths seq_lens into pages [S T, H, C' >= C] /
+  // counts [S T, H]: each row keeps the request's pages up to its own last page, and that page.
+  m.def(
+      "request_rows(Tensor req_pages, Tensor req_counts, Tensor req_seq_lens, Tensor seq_lens, "
+      "int tokens_per_request, int page_size, Tensor(a!) pages, Tensor(b!) counts) -> ()");
   // Query weights of query-weighted summaries (include/locks/summary.h) from observed queries
   // q_obs f32 [n, num_q_heads, head_dim] (CPU tensor; host work, once per layer): f32
   // [num_kv_heads, head_dim]. The summaries list then ends with them.

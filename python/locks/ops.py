@@ -353,6 +353,25 @@ def select_pages(q: torch.Tensor, s, block_table: torch.Tensor, seq_lens: torch.
     return w.select(q, s, block_table, seq_lens, pages=pages, counts=counts)
 
 
+def request_rows(req_pages: torch.Tensor, req_counts: torch.Tensor, req_seq_lens: torch.Tensor,
+                 seq_lens: torch.Tensor, tokens_per_request: int, page_size: int = 16,
+                 pages: torch.Tensor | None = None,
+                 counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative verification with one selection a request (include/locks/request_rows.h):
+    the selection req_pages [S, H, C] / req_counts [S, H], made at req_seq_lens [S] tokens, as
+    the lists of the S x tokens_per_request token rows of lengths seq_lens (row s T + t of
+    request s): each keeps the request's pages up to its own last page, and that page.
+    pages [S T, H, C' >= C] / counts [S T, H] (new tensors when not given)."""
+    n, (S, H, C) = seq_lens.shape[0], req_pages.shape
+    if pages is None:
+        pages = torch.empty(n, H, C, dtype=torch.int32, device=req_pages.device)
+    if counts is None:
+        counts = torch.empty(n, H, dtype=torch.int32, device=req_pages.device)
+    torch.ops.locks.request_rows(req_pages, req_counts, req_seq_lens, seq_lens,
+                                 tokens_per_request, page_size, pages, counts)
+    return pages, counts
+
+
 def _attention(q, k_cache, v_cache, block_table, seq_lens, pages, counts, scale, out, lse):
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
         raise ValueError("k_cache: expected [num_blocks, page_size, num_kv_heads, head_dim]")
@@ -426,6 +445,13 @@ def _cache_write_fake(key, value, k_cache, v_cache, slot_mapping, summaries):
 def _select_pages_fake(workspace, plan, q, summaries, block_table, seq_lens, pages, counts):
     _check_devices("select_pages", workspace, q, summaries, block_table, seq_lens, pages, counts)
     torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
+
+
+@torch.library.register_fake("locks::request_rows")
+def _request_rows_fake(req_pages, req_counts, req_seq_lens, seq_lens, tokens_per_request,
+                       page_size, pages, counts):
+    _check_devices("request_rows", req_pages, req_counts, req_seq_lens, seq_lens, pages, counts)
+    torch._check(pages.shape[0] == seq_lens.shape[0] and counts.shape[0] == seq_lens.shape[0])
 
 
 @torch.library.register_fake("locks::decode_attention")

@@ -118,6 +118,13 @@ class DecodeWrapper:
                                      pages, counts)
         return pages, counts
 
+    def request_rows(self, req_pages, req_counts, req_seq_lens, seq_lens, tokens_per_request, *,
+                     pages=None, counts=None):
+        """A selection made once per request of tokens_per_request token rows (speculative
+        verification) as each row's (ops.request_rows; the planned page size): for attend."""
+        return ops.request_rows(req_pages, req_counts, req_seq_lens, seq_lens, tokens_per_request,
+                                self.params["page_size"], pages=pages, counts=counts)
+
     def attend(self, q, k_cache, v_cache, block_table, seq_lens, *, pages=None, counts=None,
                out=None, lse=None, validate=False):
         """Exact attention over the selection (pages, counts) or, with neither, every page.

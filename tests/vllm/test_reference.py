@@ -93,3 +93,43 @@ def test_filled_blocks_from_slot_mapping():
     s = torch.tensor([bt[t // P] * P + t % P for t in range(40)])
     assert ref.filled_blocks(s, P).tolist() == [3, 8]
     assert ref.filled_blocks(torch.full((4,), -1), P).numel() == 0
+
+
+def test_reference_request_rows_equals_the_compiled_operator():
+    """The reference wrapper's request_rows (the plugin's CPU tests run it) and the compiled
+    operator (include/locks/request_rows.h) give the same rows on random verification batches:
+    T 4 rows a request ending at its last token, each request selected at that length (less one
+    where it completes a page) as a random subset of its pages holding its last one; capacities
+    of 1-5 pages, so that straddling rows both drop the request's last page for their own and
+    add their own where the list lacked it."""
+    import pytest
+
+    locks = pytest.importorskip("locks")
+    if not hasattr(torch.ops, "locks") or not hasattr(torch.ops.locks, "request_rows"):
+        pytest.skip("the compiled locks operators are not installed")
+    g, P, T, H = torch.Generator().manual_seed(7), 16, 4, 3
+    added = 0
+    for trial in range(40):
+        S, cap = 3, 1 + trial % 5
+        last = torch.randint(T + 1, 200, (S,), generator=g)
+        req_lens = (last - (last % P == 0).long()).to(torch.int32)
+        row_lens = torch.stack([last - (T - 1 - t) for t in range(T)], 1).reshape(-1).to(torch.int32)
+        pages = torch.full((S, H, cap), -1, dtype=torch.int32)
+        counts = torch.zeros(S, H, dtype=torch.int32)
+        for s in range(S):
+            tail = (int(req_lens[s]) - 1) // P
+            for h in range(H):
+                k = min(tail, int(torch.randint(0, cap, (1,), generator=g)))
+                pick = sorted(torch.randperm(tail, generator=g)[:k].tolist()) + [tail]
+                pages[s, h, : len(pick)] = torch.tensor(pick, dtype=torch.int32)
+                counts[s, h] = len(pick)
+        w = ref.ReferenceWrapper(torch.empty(0))
+        w.page_size = P
+        want = w.request_rows(pages, counts, req_lens, row_lens, T)
+        got = locks.ops.request_rows(pages, counts, req_lens, row_lens, T, P)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for r in range(S * T):
+            own = (int(row_lens[r]) - 1) // P
+            added += sum(own not in pages[r // T, h, : int(counts[r // T, h])].tolist()
+                         for h in range(H))
+    assert added > 0  # the rows that add their own last page were exercised

@@ -348,13 +348,13 @@ class LocksAttentionImpl(FlashAttentionImpl):
     def _decode_by_request(self, md, q, k_cache, v_cache, summaries, out, output, n: int, T: int):
         """spec_selection "request" on a uniform verification batch (rows [0, n) = n / T
         requests x T tokens): one selection a request from all its tokens' queries (the T
-        tokens as G T heads of the request's row, share-averaged as a GQA group is), copied to
-        its T token rows; a row whose own tail page precedes the request's (its tokens straddle
-        a page end: T <= the block size, so by one page) drops the request's tail page and
-        attends its own instead; then each token attends over its row's pages up to its own
-        length. The request row's length is its last token's, less one where that completes a
-        page (builder: so that the page, partial for the request's other rows, is the list's
-        tail). Graph-safe: device ops only, into the persistent buffers."""
+        tokens as G T heads of the request's row, share-averaged as a GQA group is), handed to
+        its T token rows by request_rows (include/locks/request_rows.h: a row whose own last
+        page precedes the request's, its tokens straddling a page end, drops the request's last
+        page and attends its own instead); then each token attends over its row's pages up to
+        its own length. The request row's length is its last token's, less one where that
+        completes a page (builder: so that the page, partial for the request's other rows, is
+        the list's tail). Graph-safe: device ops only, into the persistent buffers."""
         b = md.bufs
         S, H, d = n // T, self.num_kv_heads, self.head_size
         G = self.num_heads // H
@@ -363,19 +363,9 @@ class LocksAttentionImpl(FlashAttentionImpl):
         wr = next(w for mb, w in self.req_wrappers if mb >= S)
         pr, cr = wr.select(qr, summaries, b.req_block_table[:S], b.req_seq_lens[:S],
                            pages=b.req_pages[:S], counts=b.req_counts[:S])
-        pages, counts = b.pages[:n], b.counts[:n]
-        pages.copy_(pr.repeat_interleave(T, 0))
-        counts.copy_(cr.repeat_interleave(T, 0))
-        tail = ((md.seq_lens[:n] - 1) // BLOCK_SIZE)[:, None].expand(n, H)          # the row's own
-        straddle = tail < ((b.req_seq_lens[:S] - 1) // BLOCK_SIZE).repeat_interleave(T)[:, None]
-        valid = torch.arange(pages.shape[2], device=pages.device)[None, None, :] < counts[..., None]
-        has_tail = ((pages == tail[..., None]) & valid).any(-1)
-        # Straddling (the request's list ends with its partial tail page: see the builder's
-        # req_seq_lens): that entry becomes the row's own tail, or goes.
-        last = (counts - 1).clamp(min=0).to(torch.int64)[..., None]   # the request's tail page
-        fixed = torch.where(has_tail, torch.full_like(tail, -1), tail)
-        pages.scatter_(2, last, torch.where(straddle, fixed, pages.gather(2, last)[..., 0])[..., None])
-        counts.sub_((straddle & has_tail).to(counts.dtype))
+        # each token row: the request's pages up to its own last page, and that page (one op)
+        pages, counts = wr.request_rows(pr, cr, b.req_seq_lens[:S], md.seq_lens[:n], T,
+                                        pages=b.pages[:n], counts=b.counts[:n])
         self.wrapper_for(n).attend(q, k_cache, v_cache, md.block_table[:n], md.seq_lens[:n], pages=pages,
                                    counts=counts, out=out, lse=b.lse[:n])
         return output

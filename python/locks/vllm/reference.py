@@ -158,7 +158,7 @@ class ReferenceWrapper:
              budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu",
              dense_below=0):
         self.budget, self.sink, self.recent, self.scale = budget_tokens, sink_pages, recent_pages, scale
-        self.max_batch = max_batch
+        self.max_batch, self.page_size = max_batch, page_size
         self.rank, self.dense_below = rank, dense_below
         self.capacity = ReferenceOps.select_capacity(budget_tokens, page_size, max_blocks_per_seq,
                                                      dense_below)
@@ -183,6 +183,29 @@ class ReferenceWrapper:
             for h in range(H):
                 pages[b, h, : len(lists[b][h])] = torch.tensor(lists[b][h], dtype=torch.int32)
                 counts[b, h] = len(lists[b][h])
+        return pages, counts
+
+    def request_rows(self, req_pages, req_counts, req_seq_lens, seq_lens, tokens_per_request, *,
+                     pages=None, counts=None):
+        """DecodeWrapper.request_rows: include/locks/request_rows.h's rule on lists (valid
+        selections): each token row keeps its request's pages up to its own last page, and that
+        page (where the list lacks it and has room)."""
+        P, T = self.page_size, tokens_per_request
+        n, H, cap = seq_lens.shape[0], req_pages.shape[1], req_pages.shape[2]
+        pages = torch.empty(n, H, cap, dtype=torch.int32) if pages is None else pages
+        counts = torch.empty(n, H, dtype=torch.int32) if counts is None else counts
+        pages.fill_(-1)
+        for r in range(n):
+            s, own = r // T, (int(seq_lens[r]) - 1) // P
+            for h in range(H):
+                listed = [int(x) for x in req_pages[s, h, : int(req_counts[s, h])]]
+                row = [p for p in listed if p <= own]
+                if own not in listed:
+                    if len(row) >= pages.shape[2]:
+                        raise ValueError(f"request_rows: row {r} has no room for its last page")
+                    row.append(own)
+                pages[r, h, : len(row)] = torch.tensor(row, dtype=torch.int32)
+                counts[r, h] = len(row)
         return pages, counts
 
     def attend(self, q, k_cache, v_cache, block_table, seq_lens, *, pages=None, counts=None,
