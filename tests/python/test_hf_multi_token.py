@@ -35,20 +35,26 @@ def step(layer, g, T):
 
 
 @pytest.mark.parametrize("selector", ["locks", "locks_h2", "fullkv"])
-def test_verification_step_equals_one_token_steps(selector):
-    """4 tokens a sequence in one step (crossing page 304 of sequence 0) = the same tokens
-    appended and decoded one step at a time: the same output bits, summaries and lengths."""
-    a, g = prefilled(selector)
+@pytest.mark.parametrize("lens,T", [((300, 211), 4), ((316, 211), 6)])
+def test_verification_step_equals_one_token_steps(selector, lens, T):
+    """T tokens a sequence in one step (300 -> 304: the last token completes page 18; 316 ->
+    322: the fifth completes page 19 and, for locks_h2, super group 4 of 64 tokens) = the same
+    tokens appended and decoded one step at a time: the same output bits, summaries, super
+    summaries and lengths."""
+    a, g = prefilled(selector, lens=lens)
     b = copy.deepcopy(a)
-    q, k, v = step(a, g, 4)
+    q, k, v = step(a, g, T)
     a.update(k, v)
     out = a.decode(q, SCALE)
-    assert out.shape == (2, 4, HQ, D) and a.lens == [304, 215] and a.seen == 304
-    for t in range(4):
+    assert out.shape == (2, T, HQ, D) and a.lens == [n + T for n in lens] and a.seen == max(lens) + T
+    for t in range(T):
         b.update(k[:, :, t: t + 1], v[:, :, t: t + 1])
         assert torch.equal(out[:, t], b.decode(q[:, :, t: t + 1], SCALE)[:, 0]), t
     for x, y in zip(a.summary_list(), b.summary_list()):
         assert torch.equal(x, y)
+    if selector == "locks_h2":
+        for x, y in zip(a.supers, b.supers):
+            assert torch.equal(x, y)
     if selector == "locks":  # really sparse: 304 tokens over a budget of 64
         assert int(a.last_counts.max()) <= 4
 
