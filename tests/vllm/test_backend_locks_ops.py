@@ -185,3 +185,18 @@ def test_decode_steps_write_and_summarize_in_one_op(monkeypatch, runner):
     _engine_step(off, bt, [40, 29], [40, 29], torch.Generator().manual_seed(5))
     md, _ = _engine_step(off, bt, [1, 1], [41, 30], torch.Generator().manual_seed(6))
     assert md.pure_decode and not md.fused_writes and len(calls) == 4
+
+
+def test_fused_write_limit_is_the_cuda_kernels():
+    """The plugin's FUSED_WRITE_MAX_TOKENS (it must not need the compiled library to know it)
+    is the C++ limit the CUDA cache write refuses past (include/locks/cuda/limits.h), so that a
+    change of one cannot silently leave the other behind."""
+    import pathlib
+    import re
+
+    import locks.vllm.impl as im
+
+    header = pathlib.Path(__file__).resolve().parents[2] / "include/locks/cuda/limits.h"
+    m = re.search(r"kCacheWriteMaxTokens\s*=\s*(\d+)\s*;", header.read_text())
+    assert m, "kCacheWriteMaxTokens not found in limits.h"
+    assert im.FUSED_WRITE_MAX_TOKENS == int(m.group(1))
