@@ -91,7 +91,8 @@ def _log_request_selection_on_once(group: int, tokens: int) -> None:
         _logged_request_on = True
         plugin_logger().info(
             "LOCKS: spec_selection 'request': one selection a verification request of %d tokens "
-            "(%d x %d query heads a KV head), copied to its token rows", tokens, group, tokens)
+            "(%d x %d query heads a KV head), handed to its token rows by request_rows", tokens,
+            group, tokens)
 
 
 def _log_request_selection_off_once(group: int, tokens: int, why: str) -> None:
