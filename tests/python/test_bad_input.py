@@ -44,6 +44,20 @@ def att(a, **over):
                        a["counts"], a["out"], a["lse"])
 
 
+def rows_args(a):
+    """request_rows over base()'s selection as two requests of T 2 token rows each."""
+    return dict(req_pages=a["pages"], req_counts=a["counts"], req_lens=a["sl"],
+                row_lens=torch.tensor([69, 70, 32, 33], dtype=torch.int32), T=2, P=P,
+                pages=torch.empty(4, H, a["pages"].shape[2], dtype=torch.int32),
+                counts=torch.empty(4, H, dtype=torch.int32))
+
+
+def rows(a, **over):
+    r = {**rows_args(a), **over}
+    L.request_rows(r["req_pages"], r["req_counts"], r["req_lens"], r["row_lens"], r["T"], r["P"],
+                   r["pages"], r["counts"])
+
+
 def plan_args(**over):
     a = dict(backend=0, num_blocks=NB, page_size=P, num_kv_heads=H, head_dim=D, kv_dtype=torch.float32,
              rank=8, precision=0, num_q_heads=3 * H, max_batch=2, max_blocks_per_seq=MB,
@@ -142,6 +156,16 @@ CASES = [
     ("update_slot_mapping_int64", lambda a: L.summary_update(a["k"], a["bt"], a["sl"], torch.tensor([15]), a["s"]), ValueError, "slot_mapping"),
     ("update_slot_out_of_range", lambda a: L.summary_update(a["k"], a["bt"], a["sl"], torch.tensor([NB * P + P - 1], dtype=torch.int32), a["s"]), ValueError, "slot|block"),
     ("selected_page_out_of_range", lambda a: att(a, pages=torch.full((2, H, 3), MB, dtype=torch.int32), counts=torch.full((2, H), 3, dtype=torch.int32)), ValueError, "page|pages"),
+    # request_rows (speculative verification, include/locks/request_rows.h): T 2 rows a request
+    ("rows_meta", lambda a: rows(a, pages=meta(rows_args(a)["pages"])), ValueError, "meta|mixed"),
+    ("rows_pages_int64", lambda a: rows(a, req_pages=a["pages"].long()), ValueError, "req_pages: expected dtype"),
+    ("rows_count_mismatch", lambda a: rows(a, T=3), ValueError, "seq_lens: 4 rows, expected 2 requests x 3"),
+    ("rows_tokens_0", lambda a: rows(a, T=0), ValueError, "seq_lens"),
+    ("rows_capacity_below", lambda a: rows(a, pages=torch.zeros(4, H, 1, dtype=torch.int32)), ValueError, "capacity"),
+    ("rows_page_size_0", lambda a: rows(a, P=0), ValueError, "page_size"),
+    ("rows_past_request", lambda a: rows(a, row_lens=torch.tensor([69, 70 + P, 32, 33], dtype=torch.int32)), ValueError, "ends past the last page"),
+    ("rows_len_0", lambda a: rows(a, row_lens=torch.tensor([0, 70, 32, 33], dtype=torch.int32)), ValueError, "row_seq_lens"),
+    ("rows_request_count_0", lambda a: rows(a, req_counts=torch.zeros(2, H, dtype=torch.int32)), ValueError, "count"),
     # plan / workspace misuse
     ("plan_vector_truncated", lambda a: sel(a, plan=a["plan"][:8]), ValueError, "plan"),
     ("workspace_too_small", lambda a: sel(a, ws=a["ws"][:100]), ValueError, "workspace"),
@@ -402,3 +426,11 @@ def test_validate_summary_helpers():
                        slot_mapping=torch.tensor([-1, 15, 31], dtype=torch.int32))
     assert all(torch.equal(x, y) for x, y in zip(a["s"], s2))
     ops.summary_build(a["k"], torch.arange(NB, dtype=torch.int32), a["s"], validate=True)
+
+
+def test_request_rows_base_call_is_valid():
+    """The request_rows cases above each change one thing of a call that succeeds."""
+    a = base()
+    r = rows_args(a)
+    rows(a, pages=r["pages"], counts=r["counts"])
+    assert (r["counts"] >= 1).all() and (r["pages"][:, :, 0] >= 0).all()
