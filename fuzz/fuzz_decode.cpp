@@ -5,7 +5,8 @@
 // context), the two-level options (S, rank, extent, alpha, min_groups, first groups,
 // flat_below_groups), the batch the run is called with (its size, block table, lengths) and
 // whether a key or the query is non-finite; in the op-by-op mode a cache write
-// (cache_write_slots) may come first. Each call either succeeds, with a selection of
+// (cache_write_slots) may come first and the selection may be handed to token rows
+// (request_rows). Each call either succeeds, with a selection of
 // ascending real pages of each sequence within the capacity and a finite log-sum-exp where
 // every input was finite, or throws a locks::Error with its outputs as they were (contract.h:
 // outputs whole or not at all). Any other exception, a sanitizer report or an output touched
@@ -274,6 +275,45 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } catch (const Error&) {
           if (!all_are(gs, -5.0f) || !o.untouched()) std::abort();
           throw;
+        }
+        if (in.pick(2) == 1) {
+          // The selection as requests of T token rows (request_rows, speculative verification):
+          // rows ending at each sequence's length (wild: now and then any length), an output
+          // capacity of the plan's or one more. A refused call writes nothing; one that
+          // succeeds gives each row its request's pages up to its own last page, then that page
+          // where the list lacks it and has room, -1 padded.
+          const int T = 1 + in.pick(4), R = B * T, H = L.num_kv_heads;
+          const int cap = plan.capacity + in.pick(2);
+          std::vector<int32_t> rl(static_cast<size_t>(R)), rp(size_t(R) * H * cap, -9),
+              rc(size_t(R) * H, -9);
+          for (int r = 0; r < R; ++r)
+            rl[size_t(r)] =
+                wild && in.pick(4) == 3 ? int32_t(in.i16()) : lens[size_t(r / T)] - (T - 1 - r % T);
+          try {
+            cpu::request_rows({lens.data(), rl.data(), B, T}, sel, H, L.page_size,
+                              {rp.data(), rc.data(), cap});
+            for (int r = 0; r < R; ++r)
+              for (int h = 0; h < H; ++h) {
+                const int64_t sh = int64_t(r / T) * H + h, rh = int64_t(r) * H + h;
+                const int32_t* req = o.pages.data() + sh * plan.capacity;
+                const int c = o.counts[size_t(sh)], own = (rl[size_t(r)] - 1) / L.page_size;
+                std::vector<int32_t> want;
+                for (int i = 0; i < c; ++i)
+                  if (req[i] <= own) want.push_back(req[i]);
+                if (std::find(req, req + c, own) == req + c && int(want.size()) < cap)
+                  want.push_back(own);
+                const int32_t* got = rp.data() + rh * cap;
+                if (rc[size_t(rh)] != int32_t(want.size()) ||
+                    !std::equal(want.begin(), want.end(), got) ||
+                    std::any_of(got + want.size(), got + cap, [](int32_t x) { return x != -1; }))
+                  std::abort();
+              }
+          } catch (const Error&) {
+            auto untouched = [](const std::vector<int32_t>& x) {
+              return std::all_of(x.begin(), x.end(), [](int32_t y) { return y == -9; });
+            };
+            if (!untouched(rp) || !untouched(rc)) std::abort();
+          }
         }
         const int edit = in.pick(4);  // 1: a page, 2: a count, 3: a page of another row
         if (edit == 1 || edit == 3) o.pages[in.pick(int(o.pages.size()))] = in.i16();
