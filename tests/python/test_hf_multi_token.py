@@ -16,11 +16,11 @@ H, HQ, D = 2, 8, 64
 SCALE = D ** -0.5
 
 
-def prefilled(selector="locks", budget=64, lens=(300, 211), seed=0):
+def prefilled(selector="locks", budget=64, lens=(300, 211), seed=0, reserve=256):
     """A LocksLayer after a left-padded prefill of two sequences (random bf16 keys)."""
     g = torch.Generator().manual_seed(seed)
     layer = lhf.LocksLayer(lhf.LocksConfig(budget=budget, selector=selector, group_pages=4, min_groups=2,
-                                           flat_below_groups=0))
+                                           flat_below_groups=0, reserve_tokens=reserve))
     S = max(lens)
     k, v = (torch.randn(2, H, S, D, generator=g).to(torch.bfloat16) for _ in range(2))
     layer.update(k, v)
@@ -35,13 +35,14 @@ def step(layer, g, T):
 
 
 @pytest.mark.parametrize("selector", ["locks", "locks_h2", "fullkv"])
-@pytest.mark.parametrize("lens,T", [((300, 211), 4), ((316, 211), 6)])
-def test_verification_step_equals_one_token_steps(selector, lens, T):
+@pytest.mark.parametrize("lens,T,reserve", [((300, 211), 4, 256), ((316, 211), 6, 256),
+                                            ((316, 211), 6, 0)])
+def test_verification_step_equals_one_token_steps(selector, lens, T, reserve):
     """T tokens a sequence in one step (300 -> 304: the last token completes page 18; 316 ->
-    322: the fifth completes page 19 and, for locks_h2, super group 4 of 64 tokens) = the same
-    tokens appended and decoded one step at a time: the same output bits, summaries, super
-    summaries and lengths."""
-    a, g = prefilled(selector, lens=lens)
+    322: the fifth completes page 19 and, for locks_h2, super group 4 of 64 tokens; with no
+    reserve the storage grows in that step) = the same tokens appended and decoded one step at
+    a time: the same output bits, summaries, super summaries and lengths."""
+    a, g = prefilled(selector, lens=lens, reserve=reserve)
     b = copy.deepcopy(a)
     q, k, v = step(a, g, T)
     a.update(k, v)
