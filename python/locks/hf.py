@@ -261,9 +261,9 @@ class LocksLayer(CacheLayerMixin):
                 f"locks: after the prefill, selector {self.cfg.selector!r} takes one token per "
                 f"sequence and step (got {q_len}); assisted / prompt-lookup decoding runs with "
                 f"{', '.join(MULTI_TOKEN_SELECTORS)}")
-        # Several tokens a step (assisted / prompt-lookup decoding's verification): one cache
-        # write of all of them that rebuilds every page they complete; decode() gives each token
-        # its own causal row.
+        # Several tokens a step (assisted / prompt-lookup decoding's verification): one write of
+        # all of them and one rebuild of every page they complete; decode() gives each token its
+        # own causal row.
         if q_len == 1:
             self._append(key_states[:, :, 0], value_states[:, :, 0])
         else:
@@ -447,12 +447,14 @@ class LocksLayer(CacheLayerMixin):
                                    self.supers)
 
     def _append_many(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """T new tokens per sequence (k, v: [B, H, T, d]) in one ops.cache_write: the rows go
-        to their slots (positions seq_lens .. seq_lens + T - 1, computed on the device) and
-        every page whose last slot they fill is summarised from the cache after the writes
-        (the bits of T one-token appends: the same filled-page build). Super summaries (two
-        level) are updated per token, each with the lengths after that token, since
-        super_update builds only the group a sequence's last token completed."""
+        """T new tokens per sequence (k, v: [B, H, T, d]): one write of all their rows into
+        their slots (positions seq_lens .. seq_lens + T - 1, computed on the device), then one
+        summary_update over those slots, which rebuilds every page they complete (the bits of T
+        one-token appends: the same filled-page build). The rows enter as _append's do (no
+        finiteness check beyond check_finite; cache_write would refuse a non-finite value on the
+        CPU only). Super summaries (two level) are updated per token, each with the lengths
+        after that token, since super_update builds only the group a sequence's last token
+        completed."""
         B, H, T, d = k.shape
         if max(self.lens) + T > self.max_blocks * self.cfg.page_size:
             self._grow(max(self.lens) + T + self.cfg.reserve_tokens)
@@ -460,14 +462,15 @@ class LocksLayer(CacheLayerMixin):
             check_all_finite(new_key=k, new_value=v)
         P = self.cfg.page_size
         pos = self.seq_lens.long()[:, None] + torch.arange(T, device=self.device)  # [B, T]
-        blocks = self.block_table.long().gather(1, pos // P)
-        slots = (blocks * P + pos % P).view(-1).to(torch.int32)
+        slots = (self.block_table.long().gather(1, pos // P) * P + pos % P).view(-1)
         rows = lambda x: x.transpose(1, 2).reshape(B * T, H, d).to(self.dtype)  # noqa: E731
-        summarised = self.cfg.selector in ("locks", "locks_h2")  # the baselines read the keys
-        ops.cache_write(rows(k), rows(v), self.k_pages, self.v_pages, slots,
-                        self.summary_list() if summarised else None)
+        self.k_pages.view(-1, H, d)[slots] = rows(k)
+        self.v_pages.view(-1, H, d)[slots] = rows(v)
         self.seq_lens += T
         self.lens = [n + T for n in self.lens]
+        if self.cfg.selector in ("locks", "locks_h2"):  # the baselines read the keys, not summaries
+            ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summary_list(),
+                               slot_mapping=slots.to(torch.int32))
         if self.supers is not None:
             for t in range(T):
                 two_level.super_update(self.k_pages, self.block_table, self.seq_lens - (T - 1 - t),

@@ -120,3 +120,21 @@ def test_prompt_lookup_decoding_runs_through_locks():
         lhf.disable(model)
     assert max(seen) > 1  # after the prefill, steps of several tokens
     assert torch.equal(plain, fast), (tok.decode(plain[0, 600:]), tok.decode(fast[0, 600:]))
+
+
+def test_a_non_finite_value_in_a_verification_step_propagates_as_in_one_token_steps():
+    """The drop-in's NaN policy does not depend on the tokens a step: a NaN value of one draft
+    token (check_finite off) is written, not refused, and shows as NaN only in the outputs of
+    the rows that attend it (sequence 0 from that token on), as in one-token steps."""
+    a, g = prefilled()
+    b = copy.deepcopy(a)
+    q, k, v = step(a, g, 4)
+    v[0, 0, 2, 5] = float("nan")
+    a.update(k, v)
+    out = a.decode(q, SCALE)
+    for t in range(4):
+        b.update(k[:, :, t: t + 1], v[:, :, t: t + 1])
+        one = b.decode(q[:, :, t: t + 1], SCALE)[:, 0]
+        assert torch.equal(out[:, t].nan_to_num(7.0), one.nan_to_num(7.0)), t  # NaN where it is
+    assert not torch.isnan(out[1]).any() and not torch.isnan(out[0, :2]).any()
+    assert torch.isnan(out[0, 2:]).any()
