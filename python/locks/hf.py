@@ -264,10 +264,7 @@ class LocksLayer(CacheLayerMixin):
         # Several tokens a step (assisted / prompt-lookup decoding's verification): one write of
         # all of them and one rebuild of every page they complete; decode() gives each token its
         # own causal row.
-        if q_len == 1:
-            self._append(key_states[:, :, 0], value_states[:, :, 0])
-        else:
-            self._append_many(key_states, value_states)
+        self._append(key_states, value_states)
         self.seen += q_len
         return key_states, value_states
 
@@ -428,49 +425,31 @@ class LocksLayer(CacheLayerMixin):
         self._planned(num_q_heads, scaling)
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One new token per sequence (k, v: [B, H, d]); summarise pages that fill."""
-        if max(self.lens) + 1 > self.max_blocks * self.cfg.page_size:
-            self._grow(max(self.lens) + 1 + self.cfg.reserve_tokens)
-        B, H, d = k.shape
-        if self.cfg.check_finite:
-            check_all_finite(new_key=k, new_value=v)
-        rows = torch.arange(B, device=self.device)
-        pos = self.seq_lens.long()  # device-side positions: no host sync
-        self.k_pages.view(B, -1, H, d)[rows, pos] = k.to(self.dtype)
-        self.v_pages.view(B, -1, H, d)[rows, pos] = v.to(self.dtype)
-        self.seq_lens += 1
-        self.lens = [n + 1 for n in self.lens]
-        if self.cfg.selector in ("locks", "locks_h2"):  # the baselines read the keys, not summaries
-            ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summary_list())
-        if self.supers is not None:
-            two_level.super_update(self.k_pages, self.block_table, self.seq_lens, self.super_table,
-                                   self.supers)
-
-    def _append_many(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """T new tokens per sequence (k, v: [B, H, T, d]): one write of all their rows into
-        their slots (positions seq_lens .. seq_lens + T - 1, computed on the device), then one
-        summary_update over those slots, which rebuilds every page they complete (the bits of T
-        one-token appends: the same filled-page build). The rows enter as _append's do (no
-        finiteness check beyond check_finite; cache_write would refuse a non-finite value on the
-        CPU only). Super summaries (two level) are updated per token, each with the lengths
-        after that token, since super_update builds only the group a sequence's last token
-        completed."""
+        """T new tokens per sequence (k, v: [B, H, T, d]; T > 1: assisted / prompt-lookup
+        verification) at positions seq_lens .. seq_lens + T - 1 (on the device: no host sync),
+        one write each for K and V; then the summaries of the pages they complete: by lengths
+        for one token, else by the slots written (every page whose last slot is among them: the
+        bits of T one-token appends, the same filled-page build). Super summaries (two level)
+        are updated per token, each with the lengths after that token, since super_update builds
+        only the group a sequence's last token completed."""
         B, H, T, d = k.shape
         if max(self.lens) + T > self.max_blocks * self.cfg.page_size:
             self._grow(max(self.lens) + T + self.cfg.reserve_tokens)
         if self.cfg.check_finite:
             check_all_finite(new_key=k, new_value=v)
-        P = self.cfg.page_size
+        rows = torch.arange(B, device=self.device)[:, None]
         pos = self.seq_lens.long()[:, None] + torch.arange(T, device=self.device)  # [B, T]
-        slots = (self.block_table.long().gather(1, pos // P) * P + pos % P).view(-1)
-        rows = lambda x: x.transpose(1, 2).reshape(B * T, H, d).to(self.dtype)  # noqa: E731
-        self.k_pages.view(-1, H, d)[slots] = rows(k)
-        self.v_pages.view(-1, H, d)[slots] = rows(v)
+        self.k_pages.view(B, -1, H, d)[rows, pos] = k.transpose(1, 2).to(self.dtype)
+        self.v_pages.view(B, -1, H, d)[rows, pos] = v.transpose(1, 2).to(self.dtype)
         self.seq_lens += T
         self.lens = [n + T for n in self.lens]
         if self.cfg.selector in ("locks", "locks_h2"):  # the baselines read the keys, not summaries
+            # sequence b owns blocks [b * max_blocks, (b + 1) * max_blocks): its token i is slot
+            # b * max_blocks * P + i
+            slots = None if T == 1 else (
+                (rows * (self.max_blocks * self.cfg.page_size) + pos).view(-1).to(torch.int32))
             ops.summary_update(self.k_pages, self.block_table, self.seq_lens, self.summary_list(),
-                               slot_mapping=slots.to(torch.int32))
+                               slot_mapping=slots)
         if self.supers is not None:
             for t in range(T):
                 two_level.super_update(self.k_pages, self.block_table, self.seq_lens - (T - 1 - t),

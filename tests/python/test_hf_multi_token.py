@@ -36,11 +36,11 @@ def step(layer, g, T):
 
 @pytest.mark.parametrize("selector", ["locks", "locks_h2", "fullkv"])
 @pytest.mark.parametrize("lens,T,reserve", [((300, 211), 4, 256), ((316, 211), 6, 256),
-                                            ((316, 211), 6, 0)])
+                                            ((316, 221), 6, 0)])
 def test_verification_step_equals_one_token_steps(selector, lens, T, reserve):
     """T tokens a sequence in one step (300 -> 304: the last token completes page 18; 316 ->
     322: the fifth completes page 19 and, for locks_h2, super group 4 of 64 tokens; with no
-    reserve the storage grows in that step) = the same tokens appended and decoded one step at
+    reserve the storage grows in that step, and sequence 1 (221 -> 227) completes page 13 too) = the same tokens appended and decoded one step at
     a time: the same output bits, summaries, super summaries and lengths."""
     a, g = prefilled(selector, lens=lens, reserve=reserve)
     b = copy.deepcopy(a)
