@@ -246,6 +246,6 @@ def test_hf_layer_grow_keeps_one_wrapper_per_shape():
         layer.commit_prefill([0, 5], Hq, D ** -0.5)
     for step in range(60):  # grows several times (reserve 1 token)
         for layer in layers:
-            layer._append(torch.randn(B, H, D), torch.randn(B, H, D))
+            layer._append(torch.randn(B, H, 1, D), torch.randn(B, H, 1, D))  # one token
             layer.decode(torch.randn(B, Hq, 1, D), D ** -0.5)
         assert len(plans.wrappers) == 1, f"step {step}: {len(plans.wrappers)} wrappers alive"
