@@ -174,27 +174,34 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   };
 
   // 3. Radix select over the row: T and how many keys == T to take (Threshold::bound: the
-  // passes stop once the current bin is taken whole). A pass's counts are added into every
-  // block's sum[pass] (cleared before the start barrier: no buffer is reused).
+  // passes stop once the current bin is taken whole). A pass's counts are pushed to every
+  // block (cleared before the start barrier: no buffer is reused); where the first pass's
+  // bin is small, its keys are gathered into every block, which also gives the offsets.
   const bool take_all = n_cand <= slots;
-  uint32_t T = 0;
-  int need_eq = 0;
-  if (!take_all) cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, T, need_eq);
+  ClusterSplit sp;
+  if (!take_all) sp = cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, true);
+  const uint32_t T = sp.T;
+  const int need_eq = sp.need_eq;
 
-  // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (each block pushes
-  // its count to every block).
-  uint32_t own = 0;
-  for (int e = threadIdx.x; e < n; e += kThreads) {
-    const uint32_t k = keys[e];
-    own += (take_all || k > T) ? 1u : (k == T ? 1u << 16 : 0u);
+  // 4. Offsets: the candidates > T and == T of the lower-ranked blocks (from the gather, or
+  // each block pushes its count to every block).
+  uint32_t gt0 = sp.gt0, eq0 = sp.eq0;
+  if (sp.offsets) {
+    cluster_wait();            // (the relaxed arrive above: long since met)
+    cluster_arrive_relaxed();  // every push addressed to this block has landed
+  } else {
+    uint32_t own = 0;
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const uint32_t k = keys[e];
+      own += (take_all || k > T) ? 1u : (k == T ? 1u << 16 : 0u);
+    }
+    uint32_t pre, agg;
+    Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
+    cluster_wait();                             // (the relaxed arrive above: long since met)
+    cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
+    cluster_arrive_relaxed();  // every push addressed to this block has landed
   }
-  uint32_t pre, agg;
-  Scan(sm.scan).ExclusiveSum(own, pre, agg);  // per-block totals fit 16 bits (span <= 4096)
-  cluster_wait();                             // (the relaxed arrive above: long since met)
-  uint32_t gt0, eq0;
-  cluster_lower_counts(cluster, solo, agg, cs.radix, gt0, eq0);
-  cluster_arrive_relaxed();  // every push addressed to this block has landed
-  __syncthreads();           // Scan storage reuse
+  __syncthreads();  // Scan storage reuse
   compact(
       key_of, n, take_all, T, need_eq, sm, [&](int e, int pos) { out[r.sink_end + pos] = lo + e; },
       gt0, eq0);

@@ -2,7 +2,9 @@
 // aggregation and two-stage selection on the same head scores and scoring partials: the
 // same group scores bit for bit, the same page lists and counts, for every cluster size
 // that can hold the sequences, on exact ties (four score levels), continuous scores, top
-// pages in a key bin of their own (the radix passes stop early),
+// pages in a key bin of their own (the radix passes stop early), rows whose first radix
+// pass settles on a bin of exactly 256 or 257 keys (the gather's cap: the keys gathered
+// into every block, or the passes exchanged),
 // budgets below / at / above the candidates, budgets that leave no slot, sequences longer
 // than one selection chunk, the 16 x 4096-page maximum and untrusted lengths.
 #include <gtest/gtest.h>
@@ -29,15 +31,43 @@ struct ClusterCase {
     cont,
     ties,
     bands,
-    narrow
+    narrow,
+    cap256,
+    cap257
   } scores;  // continuous; four levels (massive exact ties);
              // each row's top `slots` pages in a bin of their
              // own at the key's first or second digit (the
              // radix passes stop early, Threshold::bound);
              // head scores within 2^-16 of -9, so the group
              // scores differ only in their low bits (the radix
-             // starts from the row's key range, v29)
+             // starts from the row's key range, v29);
+             // capN: a third of the slots hot, N keys in the
+             // first pass's boundary bin (distinct low bits),
+             // the rest lower (the gather's cap, v36)
 };
+
+// The keys' order (common.cuh's float_key on the host).
+uint32_t host_key(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// How many of the keys share the first radix pass's bin with the m-th largest (the pass
+// from the keys' range, select_common.cuh's radix_start); 0 when every key is equal.
+int first_pass_bin(const std::vector<uint32_t>& keys, int m) {
+  uint32_t lo = ~0u, hi = 0u;
+  for (uint32_t k : keys) lo = std::min(lo, k), hi = std::max(hi, k);
+  if (lo == hi) return 0;
+  int top = 31;
+  while (!(((lo ^ hi) >> top) & 1u)) --top;
+  const int shift = std::max(top - 7, 0);
+  std::vector<int> bins(256, 0);
+  for (uint32_t k : keys) ++bins[(k >> shift) & 255u];
+  for (int b = 255, acc = 0; b >= 0; --b)
+    if ((acc += bins[size_t(b)]) >= m) return bins[size_t(b)];
+  return 0;
+}
 
 std::string name(const ClusterCase& c) {
   return "Hkv" + std::to_string(c.Hkv) + "_G" + std::to_string(c.G) + "_b" +
@@ -46,6 +76,8 @@ std::string name(const ClusterCase& c) {
          (c.scores == ClusterCase::ties     ? "_ties"
           : c.scores == ClusterCase::bands  ? "_bands"
           : c.scores == ClusterCase::narrow ? "_narrow"
+          : c.scores == ClusterCase::cap256 ? "_cap256"
+          : c.scores == ClusterCase::cap257 ? "_cap257"
                                             : "_cont");
 }
 
@@ -116,10 +148,21 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
         const float tie = float(int(rng() % 4)) * 0.25f - 9.0f;
         const float band = first ? (hot ? 64.0f + 63.0f * (U(rng) + 12.0f) / 14.0f : U(rng))
                                  : (hot ? high(rng) : low(rng));
+        // capN: candidates i < slots / 3 at 2, the next N at -2 + i 2^-18, the rest at
+        // -6 - i 2^-18: the N keys differ only in low bits, under the first pass's window
+        // (the 8 bits below the highest bit where the row's keys differ; checked below).
+        const int n_cap = c.scores == ClusterCase::cap256 ? 256 : 257;
+        const int i_cand = int(j - r.sink_end), hot_n = r.slots / 3;
+        const float cap = i_cand < 0 || j >= r.recent_start ? -6.0f
+                          : i_cand < hot_n                  ? 2.0f
+                          : i_cand < hot_n + n_cap ? -2.0f + float(i_cand - hot_n) / 262144.0f
+                                                   : -6.0f - float(i_cand) / 262144.0f;
+        const bool capped = c.scores == ClusterCase::cap256 || c.scores == ClusterCase::cap257;
         for (int g = 0; g < c.G; ++g)
           hs[(size_t(b) * Hq + h * c.G + g) * M + j] = c.scores == ClusterCase::ties     ? tie
                                                        : c.scores == ClusterCase::bands  ? band
                                                        : c.scores == ClusterCase::narrow ? near(rng)
+                                                       : capped                          ? cap
                                                                                          : U(rng);
       }
     }
@@ -168,6 +211,24 @@ TEST_P(SelectClusterTest, MatchesSeparateLaunches) {
               cp)
         << "sequence " << b;
   }
+  // capN: the rows long enough for the pattern put exactly N keys in the first pass's bin.
+  if (c.scores == ClusterCase::cap256 || c.scores == ClusterCase::cap257) {
+    const int n_cap = c.scores == ClusterCase::cap256 ? 256 : 257;
+    int patterned = 0;
+    for (int b = 0; b < B; ++b) {
+      const test::SeqRule r = test::seq_rule(len64[size_t(b)], P, c.sel);
+      if (len64[size_t(b)] > M * P || r.recent_start - r.sink_end < r.slots / 3 + n_cap + 8)
+        continue;
+      for (int h = 0; h < c.Hkv; ++h) {
+        std::vector<uint32_t> keys;
+        for (int j = r.sink_end; j < r.recent_start; ++j)
+          keys.push_back(host_key(ref.gs[(size_t(b) * c.Hkv + h) * M + size_t(j)]));
+        EXPECT_EQ(first_pass_bin(keys, r.slots), n_cap) << "sequence " << b << " head " << h;
+        ++patterned;
+      }
+    }
+    EXPECT_GT(patterned, 0);
+  }
   int tried = 0;
   for (int cs = 1; cs <= 16; cs *= 2) {
     if (int64_t(cs) * 4096 < M) continue;
@@ -197,6 +258,9 @@ INSTANTIATE_TEST_SUITE_P(
         ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::bands},
         ClusterCase{1, 16, kShort, {512, 1, 2}, ClusterCase::narrow},
         ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::narrow},
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::cap256},
+        ClusterCase{2, 4, kLong, {1024, 2, 3}, ClusterCase::cap257},
+        ClusterCase{1, 16, kLong, {4096, 1, 2}, ClusterCase::cap256},
         ClusterCase{4, 1, kShort, {2048, 0, 0}, ClusterCase::cont},
         ClusterCase{1, 32, kShort, {16 * 140, 1, 1}, ClusterCase::ties},
         ClusterCase{3, 7, kShort, {48, 1, 1}, ClusterCase::cont},         // no slot left
