@@ -62,28 +62,6 @@ __device__ __forceinline__ void cluster_radix_init(ClusterRadix& cr) {
   for (int i = threadIdx.x; i < 4 * 256; i += kThreads) cr.sum[i / 256][i % 256] = 0;
 }
 
-// One radix pass inside the block over the gathered keys cr.cand[0, n): the digit at shift
-// under prefix / mask (cluster-uniform: every block holds the same keys).
-__device__ __forceinline__ void gathered_pass(ClusterRadix& cr, int n, uint32_t& prefix,
-                                              uint32_t& mask, int shift, int& remaining, bool& stop,
-                                              SelectSmem& sm) {
-  auto cand_of = [&](int e, bool& valid) {
-    valid = true;
-    return cr.cand[e];
-  };
-  for (int i = threadIdx.x; i < 256; i += kThreads) cr.hist[i] = 0;
-  __syncthreads();
-  count_digits(cand_of, n, prefix, mask, shift, cr.hist);
-  __syncthreads();
-  find_digit(cr.hist, remaining, sm);
-  __syncthreads();
-  prefix |= sm.digit << shift;
-  mask |= 255u << shift;
-  remaining = sm.remaining;
-  stop = sm.whole;
-  __syncthreads();
-}
-
 // T and need_eq of the m largest of the row's valid keys (1 <= m < their count), this block's
 // keys being key_of(0 .. n - 1), n < 65536; Threshold::bound (the passes stop once the
 // current bin is taken whole). solo: a cluster of one block (no pushes). want_offsets: gather
@@ -190,10 +168,14 @@ __device__ ClusterSplit cluster_radix_threshold(const cooperative_groups::cluste
                  peer(cluster, &cr.bar[kRadixGatherBar], q));
     }
     push_wait(&cr.bar[kRadixGatherBar], 0);
-    // The later passes over the gathered keys, inside the block.
+    // The later passes over the gathered keys, inside the block (the same keys everywhere).
+    auto cand_of = [&](int e, bool& valid) {
+      valid = true;
+      return cr.cand[e];
+    };
     for (int s = shift; !stop;) {
       s = radix_next_shift(s);
-      gathered_pass(cr, int(in_bin), prefix, mask, s, remaining, stop, sm);
+      block_radix_pass(cand_of, int(in_bin), cr.hist, sm, prefix, mask, s, remaining, stop);
       stop = stop || s == 0;
     }
     // The offsets: the lower-ranked blocks' keys in the first pass's bins above the digit and

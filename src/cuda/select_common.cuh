@@ -160,6 +160,27 @@ __device__ void block_key_range(KeyFn key_of, int n, SelectSmem& sm, uint32_t& l
   __syncthreads();  // every thread has read them before a next call may reset them
 }
 
+// Block-wide, one radix pass: the digit at `shift` of the valid keys under prefix / mask,
+// counted into hist (256 bins of the caller's shared memory), where the count from the top
+// reaches `remaining`; prefix, mask and remaining narrowed to it, whole set when its bin is
+// taken whole (block-uniform).
+template <typename KeyFn>
+__device__ __forceinline__ void block_radix_pass(KeyFn key_of, int n, uint32_t* hist,
+                                                 SelectSmem& sm, uint32_t& prefix, uint32_t& mask,
+                                                 int shift, int& remaining, bool& whole) {
+  for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
+  __syncthreads();
+  count_digits(key_of, n, prefix, mask, shift, hist);
+  __syncthreads();
+  find_digit(hist, remaining, sm);
+  __syncthreads();
+  prefix |= sm.digit << shift;
+  mask |= 255u << shift;
+  remaining = sm.remaining;
+  whole = sm.whole;
+  __syncthreads();
+}
+
 // Block-wide: T and need_eq as above for the m largest valid keys (1 <= m < valid count).
 template <typename KeyFn>
 __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint32_t& T,
@@ -175,18 +196,9 @@ __device__ void radix_threshold(KeyFn key_of, int n, int m, SelectSmem& sm, uint
   uint32_t prefix = st.prefix, mask = st.mask;
   int remaining = m;
   for (int shift = st.shift;; shift = radix_next_shift(shift)) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
-    __syncthreads();
-    count_digits(key_of, n, prefix, mask, shift, sm.hist);
-    __syncthreads();
-    find_digit(sm.hist, remaining, sm);
-    __syncthreads();
-    prefix |= sm.digit << shift;
-    mask |= 255u << shift;
-    remaining = sm.remaining;
-    const bool stop = want == Threshold::bound && sm.whole;  // block-uniform
-    __syncthreads();
-    if (stop || shift == 0) break;
+    bool whole;
+    block_radix_pass(key_of, n, sm.hist, sm, prefix, mask, shift, remaining, whole);
+    if ((want == Threshold::bound && whole) || shift == 0) break;
   }
   T = prefix;
   need_eq = remaining;
