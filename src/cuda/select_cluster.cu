@@ -14,6 +14,8 @@
 // (lowest index among equal keys), so the same list.
 #include <cooperative_groups.h>
 
+#include <type_traits>
+
 #include "aggregate_common.cuh"
 #include "cluster_launch.cuh"
 #include "cluster_push.cuh"
@@ -29,11 +31,13 @@ namespace {
 
 constexpr int kHeadGroups = kThreads / 128;  // heads whose LSE a block reduces at once
 
-// The head LSEs' receive buffer and barrier (the radix exchanges: cluster_radix.cuh).
+// The head LSEs' receive buffer and barrier (the radix exchanges: cluster_radix.cuh; Radix:
+// with or without the gather's buffers).
+template <typename Radix>
 struct ClusterSmem {
   uint32_t keys[kSelectChunk];
   uint64_t lse_bar;
-  ClusterRadix radix;
+  Radix radix;
   float lse[kMaxGroup];  // every head's LSE, pushed by the block that reduced it
   float part_m[kHeadGroups][4], part_l[kHeadGroups][4];
 };
@@ -59,8 +63,11 @@ struct ClusterArgs {
 // their pushes may be in flight.
 template <int kG, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterArgs a) {
+  // The gather (cluster_radix.cuh) only where the group scores come from the separate
+  // aggregation (16 blocks of up to 4096 pages a row): it costs the smaller fused clusters.
+  using Radix = std::conditional_t<kFused, ClusterRadix, ClusterRadixGather>;
   __shared__ SelectSmem sm;
-  __shared__ ClusterSmem cs;
+  __shared__ ClusterSmem<Radix> cs;
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank()), n_ranks = int(cluster.num_blocks());
   const int h = blockIdx.y, b = blockIdx.z, Hkv = gridDim.y, G = a.Hq / Hkv;
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   // bin is small, its keys are gathered into every block, which also gives the offsets.
   const bool take_all = n_cand <= slots;
   ClusterSplit sp;
-  if (!take_all) sp = cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix, true);
+  if (!take_all) sp = cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix);
   const uint32_t T = sp.T;
   const int need_eq = sp.need_eq;
 

@@ -215,10 +215,8 @@ __global__ void __launch_bounds__(kThreads, 1) group_choice_kernel(ChoiceArgs a)
       valid = !forced(e);
       return cs.keys[e];
     };
-    // (The gather's offsets count valid keys only; the forced groups count as kept here, so
-    // the offsets come from cluster_lower_counts.)
     const ClusterSplit sp =
-        cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix, false);
+        cluster_radix_threshold(cluster, solo, key_of, n_local, r.m, sm, cs.radix);
     const uint32_t T = sp.T;
     const int need_eq = sp.need_eq;
     // 5. The kept groups' positions: forced or above T, then the ties at T in index order.
