@@ -216,13 +216,17 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   cluster_wait();  // no block exits while a push it issued may be in flight
 }
 
-// Whether clusters of cs blocks of the kernel can be co-resident on this device (the
-// non-portable sizes above 8 depend on the GPC layout).
+// Whether clusters of cs blocks of the kernel that size launches (the fused one up to 8
+// blocks, the gather's above) can be co-resident on this device (the non-portable sizes above
+// 8 depend on the GPC layout).
 bool cluster_fits(int cs) {
   const ClusterLaunch cl(dim3(unsigned(cs)), cs, nullptr);
   int n = 0;
-  return cudaOccupancyMaxActiveClusters(&n, aggregate_select_cluster<kMaxGroup, true>, &cl.lc) ==
-             cudaSuccess &&
+  return cudaOccupancyMaxActiveClusters(&n,
+                                        select_cluster_fused(cs)
+                                            ? aggregate_select_cluster<kMaxGroup, true>
+                                            : aggregate_select_cluster<1, false>,
+                                        &cl.lc) == cudaSuccess &&
          n > 0;
 }
 
