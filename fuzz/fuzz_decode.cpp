@@ -25,6 +25,7 @@
 #include "locks/contract.h"
 #include "locks/dtype.h"
 #include "locks/error.h"
+#include "locks/reference.h"
 #include "locks/summary.h"
 #include "locks/super_summary.h"
 
@@ -280,8 +281,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           // The selection as requests of T token rows (request_rows, speculative verification):
           // rows ending at each sequence's length (wild: now and then any length), an output
           // capacity of the plan's or one more. A refused call writes nothing; one that
-          // succeeds gives each row its request's pages up to its own last page, then that page
-          // where the list lacks it and has room, -1 padded.
+          // succeeds gives the reference's rows (ref::request_rows: the request's pages up to
+          // the row's own last page, then that page where the list lacks it and has room, -1
+          // padded).
           const int T = 1 + in.pick(4), R = B * T, H = L.num_kv_heads;
           const int cap = plan.capacity + in.pick(2);
           std::vector<int32_t> rl(static_cast<size_t>(R)), rp(size_t(R) * H * cap, -9),
@@ -290,24 +292,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             rl[size_t(r)] =
                 wild && in.pick(4) == 3 ? int32_t(in.i16()) : lens[size_t(r / T)] - (T - 1 - r % T);
           try {
-            cpu::request_rows({lens.data(), rl.data(), B, T}, sel, H, L.page_size,
-                              {rp.data(), rc.data(), cap});
-            for (int r = 0; r < R; ++r)
-              for (int h = 0; h < H; ++h) {
-                const int64_t sh = int64_t(r / T) * H + h, rh = int64_t(r) * H + h;
-                const int32_t* req = o.pages.data() + sh * plan.capacity;
-                const int c = o.counts[size_t(sh)], own = (rl[size_t(r)] - 1) / L.page_size;
-                std::vector<int32_t> want;
-                for (int i = 0; i < c; ++i)
-                  if (req[i] <= own) want.push_back(req[i]);
-                if (std::find(req, req + c, own) == req + c && int(want.size()) < cap)
-                  want.push_back(own);
-                const int32_t* got = rp.data() + rh * cap;
-                if (rc[size_t(rh)] != int32_t(want.size()) ||
-                    !std::equal(want.begin(), want.end(), got) ||
-                    std::any_of(got + want.size(), got + cap, [](int32_t x) { return x != -1; }))
-                  std::abort();
-              }
+            const RequestRows rows{lens.data(), rl.data(), B, T};
+            cpu::request_rows(rows, sel, H, L.page_size, {rp.data(), rc.data(), cap});
+            std::vector<int32_t> wp(rp.size()), wc(rc.size());  // the reference's rows
+            ref::request_rows(rows, sel, H, L.page_size, {wp.data(), wc.data(), cap});
+            if (rp != wp || rc != wc) std::abort();
           } catch (const Error&) {
             auto untouched = [](const std::vector<int32_t>& x) {
               return std::all_of(x.begin(), x.end(), [](int32_t y) { return y == -9; });
