@@ -37,7 +37,9 @@ def main(paths):
                 lk, st = parts[1].split(), parts[2].split()
                 print(f"{head[0]:4} {head[1]:24} {head[2]:22} {head[3]:18} locks {lk[1]} x{lk[2]} | "
                       f"score {st[0]} agg {st[1]} sel {st[2]} attn {st[3]} launch {st[4]}")
-            elif "what()" in line:
+            elif "what()" in line or line.startswith("timeout: "):
+                # an exception's message, or a binary that did not start (`timeout: failed to
+                # run command ...`: a missing build), so that a row never vanishes silently
                 print("     error:", line.strip()[:120])
 
 

@@ -54,8 +54,15 @@ if [ $python_only -eq 0 ] && ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
   echo "carried binaries do not run here; rebuilding" | tee -a "$OUT/device.txt"
   cmake -S . -B build-gpu -G Ninja -DLOCKS_BUILD_BENCH=ON >"$OUT/rebuild.log" 2>&1 &&
     cmake --build build-gpu --target locks_cuda_tests locks_bench_cuda >>"$OUT/rebuild.log" 2>&1
+  rc=$?
   TESTS=build-gpu/tests/cuda/locks_cuda_tests
   BENCH=build-gpu/bench/cuda/locks_bench_cuda
+  # A failed rebuild stops here, saying why, instead of every phase failing on a missing binary.
+  if [ $rc -ne 0 ]; then
+    echo "rebuild failed (rc $rc); its errors ($OUT/rebuild.log):" | tee -a "$OUT/device.txt"
+    grep -E "error|FAILED" "$OUT/rebuild.log" | head -20
+    exit 3
+  fi
 fi
 
 status=0
