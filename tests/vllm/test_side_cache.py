@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
-from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, UniformTypeKVCacheSpecs
 
 from locks.vllm.side_cache import LocksSummaryCache, SummaryGeometry, carve, field_align, side_layer_name
 
@@ -43,6 +43,68 @@ def test_side_cache_shares_the_attention_group():
     by_layer = {t.shared_by[0]: t for t in kvc.kv_cache_tensors}
     assert all(len(t.shared_by) == 1 for t in kvc.kv_cache_tensors)  # one tensor per layer, not packed
     assert by_layer[side_layer_name("model.layers.0.self_attn.attn")].size == 100 * g.page_bytes
+
+
+class _AttnLayer:
+    """What the side cache reads of an attention layer in the static forward context."""
+
+    def __init__(self, sliding_window):
+        self.sliding_window = sliding_window
+
+
+def _hybrid_model(cfg, g):
+    """Gemma-3's pattern in 6 layers: layers 2 and 5 full attention (LOCKS, each with its side
+    cache), the others sliding-window (another backend): {layer: spec}, the side caches."""
+    ctx = cfg.compilation_config.static_forward_context
+    specs, sides = {}, []
+    for i in range(6):
+        name = f"model.layers.{i}.self_attn.attn"
+        full = i % 3 == 2
+        ctx[name] = _AttnLayer(None if full else 512)
+        kw = dict(block_size=16, num_kv_heads=1, head_size=256, dtype=torch.bfloat16)
+        specs[name] = FullAttentionSpec(**kw) if full else SlidingWindowSpec(sliding_window=512, **kw)
+        if full:
+            sides.append(LocksSummaryCache(side_layer_name(name), g, ctx))
+    return specs, sides
+
+
+def test_hybrid_model_needs_the_hybrid_manager_off():
+    """With sliding-window layers and vLLM's hybrid KV-cache manager on, the side cache refuses
+    with the two settings to pass; vLLM's own grouping would fail there (page sizes), which is
+    why: if a vLLM release learns to group it, the second half of this test says so."""
+    cfg = fake_config(kv_heads=1, head_dim=256)
+    g = SummaryGeometry(num_kv_heads=1, head_dim=256, rank=8, precision="int4")
+    specs, sides = _hybrid_model(cfg, g)
+    with pytest.raises(ValueError, match=r"--disable-hybrid-kv-cache-manager.*backend_per_kind"):
+        sides[0].get_kv_cache_spec(cfg)
+    cfg.scheduler_config.disable_hybrid_kv_cache_manager = True  # to get the specs at all
+    specs.update({s.prefix: s.get_kv_cache_spec(cfg) for s in sides})
+    cfg.scheduler_config.disable_hybrid_kv_cache_manager = False
+    with pytest.raises(NotImplementedError, match="page size"):
+        get_kv_cache_groups(cfg, dict(specs))
+
+
+def test_hybrid_model_with_the_manager_off_shares_one_group():
+    """Manager off: vLLM turns the sliding layers' specs into full-attention ones, and every
+    layer, the side caches of the full layers included, shares one group (one block table);
+    the allocator counts the summaries per block and gives each layer its own tensor."""
+    cfg = fake_config(kv_heads=1, head_dim=256)
+    cfg.scheduler_config.disable_hybrid_kv_cache_manager = True
+    g = SummaryGeometry(num_kv_heads=1, head_dim=256, rank=8, precision="int4")
+    specs, sides = _hybrid_model(cfg, g)
+    specs.update({s.prefix: s.get_kv_cache_spec(cfg) for s in sides})
+    groups = get_kv_cache_groups(cfg, dict(specs))
+    assert len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
+    assert set(groups[0].layer_names) == set(specs)
+    assert len(sides) == 2
+    kv_page = 16 * 1 * 256 * 2 * 2
+    per_block = groups[0].kv_cache_spec.page_size_bytes
+    assert per_block == 6 * kv_page + 2 * g.page_bytes
+    kvc = get_kv_cache_config_from_groups(cfg, groups, available_memory=per_block * 50)
+    assert kvc.num_blocks == 50
+    by_layer = {t.shared_by[0]: t.size for t in kvc.kv_cache_tensors}
+    assert by_layer[sides[1].prefix] == 50 * g.page_bytes
+    assert by_layer["model.layers.0.self_attn.attn"] == 50 * kv_page
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 200])

@@ -269,6 +269,63 @@ def smoke(args) -> int:
     return 0 if ok else 1
 
 
+def smoke_hybrid(args) -> int:
+    """A model that mixes sliding-window and full-attention layers (Gemma-3's pattern): a 4-layer
+    dummy-weight Gemma-3 text model (layers 0-2 sliding, window 128; layer 3 full attention; 4 q
+    / 1 KV heads, d 256, as Gemma-3-270M) through FLASH_ATTN, then with LOCKS on its
+    full-attention layer only (`backend_per_kind`, vLLM's hybrid KV-cache manager off: the
+    side cache shares the layers' one group, docs/vllm.md "Hybrid models") at budget >= context
+    and at budget 64, and once with the manager left on, which must be refused with the
+    settings to pass. PASS: the engines run, the LOCKS engines' logs show the LOCKS impl
+    decoding ("LOCKS: KV cache K half"), and the refusal names the flag. Token agreement with
+    FLASH_ATTN is printed, not required (dummy weights make near-tied logits)."""
+    from transformers import Gemma3TextConfig
+
+    d = tempfile.mkdtemp(prefix="tinygemma3_")
+    cfg = Gemma3TextConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                           max_position_embeddings=8192, sliding_window=128, query_pre_attn_scalar=256,
+                           layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    cfg.save_pretrained(d)
+    prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
+    runs = [{"name": "batch4", "prompts": prompts, "max_tokens": 24}]
+    kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16",
+              gpu_memory_utilization=0.3, enable_prefix_caching=False, block_size=16, max_num_seqs=4,
+              graphs=True, disable_hybrid_kv_cache_manager=True)
+    per_kind = {"backend_per_kind": {"full_attention": "CUSTOM"}}
+    served = "LOCKS: KV cache K half"
+    ok = True
+    for runner in os.environ.get("LOCKS_VLLM_SMOKE_RUNNERS", "1").split(","):  # V2 (, V1)
+        env = {"VLLM_USE_V2_MODEL_RUNNER": runner}
+        v = 2 if runner == "1" else 1
+        fa = run_engine(f"hybrid-v{v}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs, env, args.out)
+        ok &= fa is not None
+        for budget in (8192, 64):
+            tag = f"hybrid-v{v}-locks-b{budget}"
+            lk = run_engine(tag, dict(kw, attention_config=per_kind,
+                                      additional_config={"locks": {"budget": budget}}), runs, env, args.out)
+            log = open(os.path.join(args.out, f"{tag}.log")).read()
+            if lk is None or served not in log:
+                print(f"HYBRID runner V{v} budget {budget}: LOCKS did not decode ({served!r} not in the log)")
+                ok = False
+                continue
+            if fa is not None:
+                same = compare_greedy(fa["runs"][0], lk["runs"][0])["identical"]
+                print(f"HYBRID runner V{v} budget {budget}: LOCKS on the full-attention layer, "
+                      f"{same}/4 sequences identical to FLASH_ATTN; {lk['runs'][0]['seconds']:.2f}s", flush=True)
+        tag = f"hybrid-v{v}-locks-manager-on"
+        bad = run_engine(tag, dict(kw, attention_config=per_kind, disable_hybrid_kv_cache_manager=False),
+                         runs, env, args.out, timeout=300)
+        log = open(os.path.join(args.out, f"{tag}.log")).read()
+        refused = bad is None and "--disable-hybrid-kv-cache-manager" in log
+        print(f"HYBRID runner V{v}, hybrid KV-cache manager on: "
+              f"{'refused with the flag named' if refused else 'NOT refused as expected'}", flush=True)
+        ok &= refused
+    print("VLLM SMOKE-HYBRID", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def passkey_prompt(tok, n_tokens: int, depth: float, seed: int) -> tuple[list[int], str]:
     """(token ids, key): the passkey task (RULER style, as locks_lab.tasks words it) in at most
     n_tokens tokens, the key at the given relative depth of the filler."""
@@ -764,6 +821,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sm = sub.add_parser("smoke")
     sm.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
+    sh = sub.add_parser("smoke-hybrid")
+    sh.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     c = sub.add_parser("correct")
     c.add_argument("--out", default=os.environ.get("OUT", "vllm-out"))
     c.add_argument("--configs", default=",".join(CORRECT_CONFIGS))
@@ -796,7 +855,7 @@ def main(argv=None) -> int:
                          "(its time then carries the profiler's cost; use the other runs' times)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    return {"smoke": smoke, "correct": correct, "correct-h2": correct_h2, "latency": latency,
+    return {"smoke": smoke, "smoke-hybrid": smoke_hybrid, "correct": correct, "correct-h2": correct_h2, "latency": latency,
             "judge": judge}[a.cmd](a)
 
 

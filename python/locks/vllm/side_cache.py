@@ -138,6 +138,32 @@ def carve(raw: torch.Tensor, geom: SummaryGeometry) -> list[torch.Tensor]:
     return out
 
 
+def sliding_layers(vllm_config) -> list[str]:
+    """The model's attention layers that apply a sliding window (every layer is registered in
+    the static forward context by the time vLLM asks the layers for their KV-cache specs)."""
+    ctx = vllm_config.compilation_config.static_forward_context
+    return [name for name, layer in ctx.items() if getattr(layer, "sliding_window", None) is not None]
+
+
+def refuse_hybrid_manager(vllm_config) -> None:
+    """A model with sliding-window layers (Gemma-3, Gemma-2, ...) runs LOCKS on its full-attention
+    layers only with vLLM's hybrid KV-cache manager off: the manager gives every layer one page
+    size, by growing a smaller page's block size (the side cache would then leave its attention
+    layers' group and block table) or by padding it, which vLLM allows only for attention layers
+    read by the block stride. With the manager off, vLLM turns the sliding layers' specs into
+    full-attention ones and every layer, the side caches included, shares one group and one
+    block table, as on a model without sliding windows. Said here, before vLLM's grouping fails
+    with a message about page sizes."""
+    sliding = sliding_layers(vllm_config)
+    if sliding and not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        raise ValueError(
+            f"LOCKS on a model with sliding-window layers ({len(sliding)}, e.g. {sliding[0]}) needs "
+            "vLLM's hybrid KV-cache manager off: pass --disable-hybrid-kv-cache-manager, and give "
+            "LOCKS the full-attention layers only with --attention-config "
+            "'{\"backend_per_kind\": {\"full_attention\": \"CUSTOM\"}}' (docs/vllm.md, "
+            "\"Hybrid models\")")
+
+
 def side_layer_name(attn_prefix: str) -> str:
     # One integer in the name (vLLM's extract_layer_index): the attention layer's index.
     return f"{attn_prefix}.locks_summary"
@@ -216,6 +242,7 @@ class LocksSummaryCache(torch.nn.Module, _AttentionLayerBase):
     def get_kv_cache_spec(self, vllm_config):
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+        refuse_hybrid_manager(vllm_config)
         return MLAAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=1,
                                 head_size=self.geom.token_bytes, dtype=torch.uint8)
 
