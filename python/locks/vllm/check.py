@@ -278,7 +278,8 @@ def smoke_hybrid(args) -> int:
     and at budget 64, and once with the manager left on, which must be refused with the
     settings to pass. PASS: the engines run, the LOCKS engines' logs show the LOCKS impl
     decoding ("LOCKS: KV cache K half"), and the refusal names the flag. Token agreement with
-    FLASH_ATTN is printed, not required (dummy weights make near-tied logits)."""
+    FLASH_ATTN is printed, not required (dummy weights make near-tied logits).
+    LOCKS_VLLM_HYBRID_BUDGETS (default "8192,64"): the LOCKS engines' budgets."""
     from transformers import Gemma3TextConfig
 
     d = tempfile.mkdtemp(prefix="tinygemma3_")
@@ -301,7 +302,7 @@ def smoke_hybrid(args) -> int:
         v = 2 if runner == "1" else 1
         fa = run_engine(f"hybrid-v{v}-fa", dict(kw, attention_backend="FLASH_ATTN"), runs, env, args.out)
         ok &= fa is not None
-        for budget in (8192, 64):
+        for budget in (int(b) for b in os.environ.get("LOCKS_VLLM_HYBRID_BUDGETS", "8192,64").split(",")):
             tag = f"hybrid-v{v}-locks-b{budget}"
             lk = run_engine(tag, dict(kw, attention_config=per_kind,
                                       additional_config={"locks": {"budget": budget}}), runs, env, args.out)
