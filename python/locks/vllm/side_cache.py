@@ -146,7 +146,7 @@ def sliding_layers(vllm_config) -> list[str]:
 
 
 def refuse_hybrid_manager(vllm_config) -> None:
-    """A model with sliding-window layers (Gemma-3, Gemma-2, ...) runs LOCKS on its full-attention
+    """A model with sliding-window layers (Gemma-3, Cohere2, ...) runs LOCKS on its full-attention
     layers only with vLLM's hybrid KV-cache manager off: the manager gives every layer one page
     size, by growing a smaller page's block size (the side cache would then leave its attention
     layers' group and block table) or by padding it, which vLLM allows only for attention layers
