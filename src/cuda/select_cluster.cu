@@ -182,8 +182,9 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
 
   // 3. Radix select over the row: T and how many keys == T to take (Threshold::bound: the
   // passes stop once the current bin is taken whole). A pass's counts are pushed to every
-  // block (cleared before the start barrier: no buffer is reused); where the first pass's
-  // bin is small, its keys are gathered into every block, which also gives the offsets.
+  // block (cleared before the start barrier: no buffer is reused); in the unfused kernel
+  // (Radix = ClusterRadixGather), where the first pass's bin is small, its keys are gathered
+  // into every block, which also gives the offsets.
   const bool take_all = n_cand <= slots;
   ClusterSplit sp;
   if (!take_all) sp = cluster_radix_threshold(cluster, solo, key_of, n, slots, sm, cs.radix);
