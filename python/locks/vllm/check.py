@@ -231,6 +231,17 @@ def smollm2_folder() -> str:
     return out
 
 
+def smoke_inputs(model_dir: str) -> tuple[list, dict]:
+    """The smokes' run (4 prompts of 37-3000 token ids in a 32K vocabulary, 24 greedy tokens
+    each) and engine arguments (dummy weights from model_dir's config.json, full decode graphs)."""
+    prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
+    runs = [{"name": "batch4", "prompts": prompts, "max_tokens": 24}]
+    kw = dict(model=model_dir, load_format="dummy", skip_tokenizer_init=True, max_model_len=4096,
+              dtype="bfloat16", gpu_memory_utilization=0.3, enable_prefix_caching=False, block_size=16,
+              max_num_seqs=4, graphs=True)
+    return runs, kw
+
+
 def smoke(args) -> int:
     """Minutes-cheap: a 2-layer dummy-weight Llama (16/4 heads, d 128) through FLASH_ATTN and LOCKS
     (dense budget and budget 64), full decode graphs, V2 then V1 runner (V1: the KV cache is
@@ -247,10 +258,7 @@ def smoke(args) -> int:
     print(f"SMOKE shape: {hq} q heads / {hkv} KV heads, head_dim 128", flush=True)
     cfg.pop("rope_scaling")
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-    prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
-    runs = [{"name": "batch4", "prompts": prompts, "max_tokens": 24}]
-    kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16",
-              gpu_memory_utilization=0.3, enable_prefix_caching=False, block_size=16, max_num_seqs=4, graphs=True)
+    runs, kw = smoke_inputs(d)
     ok = True
     for runner in os.environ.get("LOCKS_VLLM_SMOKE_RUNNERS", "1,0").split(","):  # V2, V1
         env = {"VLLM_USE_V2_MODEL_RUNNER": runner}
@@ -289,11 +297,8 @@ def smoke_hybrid(args) -> int:
                            layer_types=["sliding_attention"] * 3 + ["full_attention"])
     cfg.architectures = ["Gemma3ForCausalLM"]
     cfg.save_pretrained(d)
-    prompts = [[(1 + 7 * i + k) % 31000 + 1 for i in range(n)] for k, n in enumerate([999, 1500, 37, 3000])]
-    runs = [{"name": "batch4", "prompts": prompts, "max_tokens": 24}]
-    kw = dict(model=d, load_format="dummy", skip_tokenizer_init=True, max_model_len=4096, dtype="bfloat16",
-              gpu_memory_utilization=0.3, enable_prefix_caching=False, block_size=16, max_num_seqs=4,
-              graphs=True, disable_hybrid_kv_cache_manager=True)
+    runs, kw = smoke_inputs(d)
+    kw["disable_hybrid_kv_cache_manager"] = True
     per_kind = {"backend_per_kind": {"full_attention": "CUSTOM"}}
     served = "LOCKS: KV cache K half"
     ok = True
