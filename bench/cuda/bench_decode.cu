@@ -7,16 +7,17 @@
 // Usage: locks_bench_cuda [csv_path] [--quick] [--only MODEL_PREFIX CONTEXT BATCH]
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
 //                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
-//                         [--ceiling TB_PER_S] [--pipeline K]
+//                         [--ceiling TB_PER_S] [--pipeline K | --pipeline B1,B2,...]
 //   --ceiling: the read ceiling the floor% and bandwidth columns divide by (default: measured
 //   here, 8 GiB of streaming loads, ~0.2 s; every row, --only included).
 //   --only runs one row, any context (tokens; the last page may be partial) and batch (the
 //   first model whose name starts with
 //   MODEL_PREFIX: "Llama" is Llama-3.1-8B, "Llama-3.1-70B" the TP-8 shard). The knobs force
 //   a plan choice (DecodeParams); --attn-pps: selected pages per sparse attention block.
-//   --pipeline K (flat rows): also the step over K sub-batches, each one's selection and
-//   attention beside the next one's scoring (two streams in one graph; equal priorities, then
-//   the second stream first), against the plain step before and after it in the same run.
+//   --pipeline K (flat rows): also the step over K equal sub-batches (or sub-batches of the
+//   listed sizes, summing to the batch), each one's selection and attention beside the next
+//   one's scoring (two streams in one graph; equal priorities, then the second stream first),
+//   against the plain step before and after it in the same run.
 //       locks_bench_cuda [csv_path] --two-level [--S 32] [--alpha 40] [--group-cluster 0|1|2|4|8]
 //                        [--flat-below GROUPS] [--only M CONTEXT BATCH]
 //   --two-level: the two-level (super-page) step (decode_two_level) against flat LOCKS and
@@ -148,7 +149,7 @@ struct Opts {
   int attn_pps = 0;                       // sparse attention pages a split: 0 the plan's rule
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   int tokens_per_seq = 1;                 // --tokens-per-seq: rows a sequence (verification)
-  int pipeline = 0;                       // --pipeline K: also time the step over K sub-batches
+  std::string pipeline;                   // --pipeline K or B1,B2,...: sub-batches to time
   double ceiling = 0;                     // --ceiling (TB/s); 0: measured
   FILE* csv = nullptr;
 };
@@ -282,31 +283,64 @@ void print_skip(const Model& m, int64_t ctx, int B, const std::string& why, cons
   std::fflush(stdout);
 }
 
-// The step pipelined over K sub-batches of B / K sequences (--pipeline K; #14's overlap
-// lever): each sub-batch its own decoder (plan for B / K, workspace), the K scorings one after
-// another on one stream, each sub-batch's aggregation + selection + attention on a second stream
-// once its scoring is done, so they run beside the next sub-batch's scoring. `prio`: the second
-// stream at the device's highest priority, kept in the graph (node priorities), so its blocks are
-// placed first as scoring blocks retire. The median step time (one graph, L2 flushed) and the
-// largest |difference| from `ref` (the plain step's output).
+// --pipeline's sub-batch sizes for a batch of B: "K" (K equal parts, K dividing B) or a comma
+// list of positive sizes summing to B; empty when it is neither.
+std::vector<int> pipeline_sizes(const std::string& arg, int B) {
+  std::vector<int> v;
+  size_t pos = 0;
+  while (pos <= arg.size()) {
+    const size_t end = std::min(arg.find(',', pos), arg.size());
+    const std::string part = arg.substr(pos, end - pos);
+    if (part.empty() || part.size() > 6 ||
+        part.find_first_not_of("0123456789") != std::string::npos)
+      return {};
+    v.push_back(std::atoi(part.c_str()));
+    pos = end + 1;
+  }
+  if (v.size() == 1) {
+    const int K = v[0];
+    if (K < 2 || B % K != 0) return {};
+    return std::vector<int>(size_t(K), B / K);
+  }
+  int64_t sum = 0;
+  for (int x : v) {
+    if (x < 1) return {};
+    sum += x;
+  }
+  return sum == B ? v : std::vector<int>{};
+}
+
+// The step pipelined over sub-batches of the given sizes (--pipeline; #14's overlap lever):
+// each sub-batch its own decoder (plan for its size, workspace), the scorings one after another
+// on one stream, each sub-batch's aggregation + selection + attention on a second stream once its
+// scoring is done, so they run beside the next sub-batch's scoring. `prio`: the second stream at
+// the device's highest priority, kept in the graph (node priorities), so its blocks are placed
+// first as scoring blocks retire. The median step time (one graph, L2 flushed) and the largest
+// |difference| from `ref` (the plain step's output).
 struct PipelineTime {
   double ms = 0, max_diff = 0;
 };
-PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq, int K, bool prio,
-                            int reps, const std::vector<float>& ref) {
-  const int B = D.batch.batch_size, b = B / K, d = D.L.head_dim;
-  cuda::Plan sub = plan;
-  sub.max_batch = b;
+PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq,
+                            const std::vector<int>& sizes, bool prio, int reps,
+                            const std::vector<float>& ref) {
+  const int K = int(sizes.size()), d = D.L.head_dim;
   std::vector<std::unique_ptr<cuda::Decoder>> dec;
-  for (int i = 0; i < K; ++i) dec.push_back(std::make_unique<cuda::Decoder>(sub));
+  std::vector<int> first(size_t(K), 0);  // each sub-batch's first sequence
+  for (int i = 0; i < K; ++i) {
+    cuda::Plan sub = plan;
+    sub.max_batch = sizes[size_t(i)];
+    dec.push_back(std::make_unique<cuda::Decoder>(sub));
+    if (i + 1 < K) first[size_t(i) + 1] = first[size_t(i)] + sizes[size_t(i)];
+  }
   auto batch_of = [&](int i) {
     BatchView v = D.batch;
-    v.block_table += int64_t(i) * b * D.batch.block_table_stride;
-    v.seq_lens += int64_t(i) * b;
-    v.batch_size = b;
+    v.block_table += int64_t(first[size_t(i)]) * D.batch.block_table_stride;
+    v.seq_lens += first[size_t(i)];
+    v.batch_size = sizes[size_t(i)];
     return v;
   };
   const size_t row = size_t(hq) * d;  // one sequence's query / output elements
+  auto q_of = [&](int i) { return QueryView{D.q + first[size_t(i)] * row, hq}; };
   int least = 0, greatest = 0;
   CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t lo, hi;
@@ -321,15 +355,15 @@ PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq, in
         CK(cudaStreamWaitEvent(lo, ev[K]));
         CK(cudaStreamWaitEvent(hi, ev[K]));
         for (int i = 0; i < K; ++i) {
-          dec[i]->score(D.s, batch_of(i), QueryView{D.q + i * b * row, hq}, lo);
+          dec[i]->score(D.s, batch_of(i), q_of(i), lo);
           CK(cudaEventRecord(ev[i], lo));
         }
         for (int i = 0; i < K; ++i) {
           CK(cudaStreamWaitEvent(hi, ev[i]));
           dec[i]->aggregate_select(batch_of(i), hi);
           const Selection sel = dec[i]->selection();
-          dec[i]->attend(D.cache, batch_of(i), QueryView{D.q + i * b * row, hq}, &sel,
-                         AttentionOutput{D.out + i * b * row, nullptr}, hi);
+          dec[i]->attend(D.cache, batch_of(i), q_of(i), &sel,
+                         AttentionOutput{D.out + first[size_t(i)] * row, nullptr}, hi);
         }
         CK(cudaEventRecord(ev[K + 1], lo));  // join
         CK(cudaEventRecord(ev[K + 2], hi));
@@ -385,22 +419,28 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     Graph g_dense([&] { dec.run_dense(cache, batch, qv, ao, st); }, st);
     const double t_locks = median_ms([&] { g_locks.launch(st); }, st, reps);
     const double t_dense = median_ms([&] { g_dense.launch(st); }, st, reps);
-    if (o.pipeline > 1 && B % o.pipeline == 0 && T == 1) {
-      g_locks.launch(st);  // the plain step's output, the pipelines' reference
-      std::vector<float> ref(size_t(B) * m.hq * m.d);
-      CK(cudaMemcpy(ref.data(), D.out, ref.size() * 4, cudaMemcpyDeviceToHost));
-      for (bool prio : {false, true}) {
-        const PipelineTime tp = time_pipelined(D, plan, m.hq, o.pipeline, prio, reps, ref);
-        const double t_again = median_ms([&] { g_locks.launch(st); }, st, reps);
+    if (!o.pipeline.empty()) {
+      const std::vector<int> sizes = pipeline_sizes(o.pipeline, B);
+      if (sizes.empty() || T != 1) {
         std::printf(
-            "  pipeline of %d sub-batches (%s): %.4f ms = %.2fx dense; the step %.4f / %.4f ms "
-            "(before / after); max |out - step's| %.3g\n",
-            o.pipeline, prio ? "selection + attention at high priority" : "equal priorities", tp.ms,
-            t_dense / tp.ms, t_locks, t_again, tp.max_diff);
+            "  pipeline: --pipeline %s takes K dividing the batch %d or sizes summing to "
+            "it (one row a sequence)\n",
+            o.pipeline.c_str(), B);
+      } else {
+        g_locks.launch(st);  // the plain step's output, the pipelines' reference
+        std::vector<float> ref(size_t(B) * m.hq * m.d);
+        CK(cudaMemcpy(ref.data(), D.out, ref.size() * 4, cudaMemcpyDeviceToHost));
+        for (bool prio : {false, true}) {
+          const PipelineTime tp = time_pipelined(D, plan, m.hq, sizes, prio, reps, ref);
+          const double t_again = median_ms([&] { g_locks.launch(st); }, st, reps);
+          std::printf(
+              "  pipeline of sub-batches %s (%s): %.4f ms = %.2fx dense; the step %.4f / %.4f ms "
+              "(before / after); max |out - step's| %.3g\n",
+              o.pipeline.c_str(),
+              prio ? "selection + attention at high priority" : "equal priorities", tp.ms,
+              t_dense / tp.ms, t_locks, t_again, tp.max_diff);
+        }
       }
-    } else if (o.pipeline > 1) {
-      std::printf("  pipeline: --pipeline %d must divide the batch %d (one row a sequence)\n",
-                  o.pipeline, B);
     }
     // Verification steps (T tokens a sequence): the dense kernel over one row a sequence at
     // its full length, i.e. each cache read once (what FlashAttention with T queries reads).
@@ -753,8 +793,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--ceiling") == 0 && i + 1 < argc) o.ceiling = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--tokens-per-seq") == 0 && i + 1 < argc)
       o.tokens_per_seq = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--pipeline") == 0 && i + 1 < argc)
-      o.pipeline = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--pipeline") == 0 && i + 1 < argc) o.pipeline = argv[i + 1];
     if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
       only_model = argv[i + 1];
       only_ctx = std::atoll(argv[i + 2]);
