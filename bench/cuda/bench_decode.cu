@@ -427,7 +427,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
             "it (one row a sequence)\n",
             o.pipeline.c_str(), B);
       } else {
-        g_locks.launch(st);  // the plain step's output, the pipelines' reference
+        g_locks.launch(st);             // the plain step's output, the pipelines' reference
         CK(cudaStreamSynchronize(st));  // (st does not synchronise with the copy's stream)
         std::vector<float> ref(size_t(B) * m.hq * m.d);
         CK(cudaMemcpy(ref.data(), D.out, ref.size() * 4, cudaMemcpyDeviceToHost));
