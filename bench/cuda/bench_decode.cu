@@ -43,7 +43,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +51,7 @@
 #include "locks/contract.h"
 #include "locks/cuda/decoder.h"
 #include "locks/cuda/summary_builder.h"
+#include "sub_batch_step.h"
 
 using namespace locks;
 using bench::flush_l2;
@@ -310,74 +310,32 @@ std::vector<int> pipeline_sizes(const std::string& arg, int B) {
   return sum == B ? v : std::vector<int>{};
 }
 
-// The step pipelined over sub-batches of the given sizes (--pipeline; #14's overlap lever):
-// each sub-batch its own decoder (plan for its size, workspace), the scorings one after another
-// on one stream, each sub-batch's aggregation + selection + attention on a second stream once its
-// scoring is done, so they run beside the next sub-batch's scoring. `prio`: the second stream at
-// the device's highest priority, kept in the graph (node priorities), so its blocks are placed
-// first as scoring blocks retire. The median step time (one graph, L2 flushed) and the largest
-// |difference| from `ref` (the plain step's output).
+// The step over sub-batches of the given sizes (--pipeline; sub_batch_step.h), timed: `prio`
+// puts the second stream (selection + attention) at the device's highest priority, kept in the
+// graph (node priorities), so its blocks are placed first as scoring blocks retire. The median
+// step time (one graph, L2 flushed) and the largest |difference| from `ref` (the plain step's
+// output).
 struct PipelineTime {
   double ms = 0, max_diff = 0;
 };
 PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq,
                             const std::vector<int>& sizes, bool prio, int reps,
                             const std::vector<float>& ref) {
-  const int K = int(sizes.size()), d = D.L.head_dim;
-  std::vector<std::unique_ptr<cuda::Decoder>> dec;
-  std::vector<int> first(size_t(K), 0);  // each sub-batch's first sequence
-  for (int i = 0; i < K; ++i) {
-    cuda::Plan sub = plan;
-    sub.max_batch = sizes[size_t(i)];
-    dec.push_back(std::make_unique<cuda::Decoder>(sub));
-    if (i + 1 < K) first[size_t(i) + 1] = first[size_t(i)] + sizes[size_t(i)];
-  }
-  auto batch_of = [&](int i) {
-    BatchView v = D.batch;
-    v.block_table += int64_t(first[size_t(i)]) * D.batch.block_table_stride;
-    v.seq_lens += first[size_t(i)];
-    v.batch_size = sizes[size_t(i)];
-    return v;
-  };
-  const size_t row = size_t(hq) * d;  // one sequence's query / output elements
-  auto q_of = [&](int i) { return QueryView{D.q + first[size_t(i)] * row, hq}; };
+  cuda_bench::SubBatchStep step(plan, sizes);
   int least = 0, greatest = 0;
   CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t lo, hi;
   CK(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, least));
   CK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, prio ? greatest : least));
-  std::vector<cudaEvent_t> ev(size_t(K) + 3);
-  for (cudaEvent_t& e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const cudaStream_t st = D.st;
-  Graph g(
-      [&] {
-        CK(cudaEventRecord(ev[K], st));  // fork
-        CK(cudaStreamWaitEvent(lo, ev[K]));
-        CK(cudaStreamWaitEvent(hi, ev[K]));
-        for (int i = 0; i < K; ++i) {
-          dec[i]->score(D.s, batch_of(i), q_of(i), lo);
-          CK(cudaEventRecord(ev[i], lo));
-        }
-        for (int i = 0; i < K; ++i) {
-          CK(cudaStreamWaitEvent(hi, ev[i]));
-          dec[i]->aggregate_select(batch_of(i), hi);
-          const Selection sel = dec[i]->selection();
-          dec[i]->attend(D.cache, batch_of(i), q_of(i), &sel,
-                         AttentionOutput{D.out + first[size_t(i)] * row, nullptr}, hi);
-        }
-        CK(cudaEventRecord(ev[K + 1], lo));  // join
-        CK(cudaEventRecord(ev[K + 2], hi));
-        CK(cudaStreamWaitEvent(st, ev[K + 1]));
-        CK(cudaStreamWaitEvent(st, ev[K + 2]));
-      },
-      st, prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
+  Graph g([&] { step.run(D.cache, D.s, D.batch, D.q, hq, D.out, st, lo, hi); }, st,
+          prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
   PipelineTime t;
   t.ms = median_ms([&] { g.launch(st); }, st, reps);
   std::vector<float> got(ref.size());
   CK(cudaMemcpy(got.data(), D.out, got.size() * 4, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < got.size(); ++i)
     t.max_diff = std::max(t.max_diff, double(std::fabs(got[i] - ref[i])));
-  for (cudaEvent_t e : ev) CK(cudaEventDestroy(e));
   CK(cudaStreamDestroy(lo));
   CK(cudaStreamDestroy(hi));
   return t;

@@ -1,16 +1,15 @@
-// The step over sub-batches (#14's overlap experiment, `locks_bench_cuda --pipeline`): the batch's
-// rows split into parts, each part its own plan (planned for its size) and workspace, the parts'
-// scorings one after another on one stream and each part's aggregation + selection + attention on
-// a second stream after its scoring, all in one CUDA graph. A part is the batch's rows seen
-// through offset views (block table, lengths, query, output), so it must select exactly what the
-// whole batch selects for those rows, and attend to the same result: bit for bit where both plans
-// split the attention the same way (forced pages a split), within the float64 reference's bound
-// where each plan chooses its own splits.
+// The step over sub-batches (#14's overlap experiment, `locks_bench_cuda --pipeline`; the bench's
+// own code, bench/cuda/sub_batch_step.h): the batch's rows split into parts, each part its own
+// plan (planned for its size) and workspace, the parts' scorings one after another on one stream
+// and each part's aggregation + selection + attention on a second stream after its scoring, all
+// in one CUDA graph. A part is the batch's rows seen through offset views (block table, lengths,
+// query, output), so it must select exactly what the whole batch selects for those rows, and
+// attend to the same result: bit for bit where both plans split the attention the same way
+// (forced pages a split), within the float64 reference's bound where each plan chooses its own
+// splits.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "locks/cuda/decoder.h"
 #include "locks/cuda/summary_builder.h"
 #include "locks/reference.h"
+#include "sub_batch_step.h"
 
 namespace locks::cuda_test {
 namespace {
@@ -28,62 +28,24 @@ struct SubCase {
 
 class DecodeSubBatches : public ::testing::TestWithParam<SubCase> {};
 
-// Runs the parts of `sizes` as the bench's pipeline does, into out (the whole batch's rows).
-void run_parts(const std::vector<int>& sizes, const cuda::Plan& plan, const GpuCache& gc,
-               GpuSummaries& sums, const float* dq, int Hq, float* dout,
-               std::vector<std::unique_ptr<cuda::Decoder>>& dec) {
-  const int K = int(sizes.size()), d = plan.cache.head_dim;
-  std::vector<int> first(size_t(K), 0);
-  for (int i = 1; i < K; ++i) first[size_t(i)] = first[size_t(i) - 1] + sizes[size_t(i) - 1];
-  dec.clear();
-  for (int i = 0; i < K; ++i) {
-    cuda::Plan sub = plan;
-    sub.max_batch = sizes[size_t(i)];
-    dec.push_back(std::make_unique<cuda::Decoder>(sub));
-  }
-  const BatchView all = gc.dbatch();
-  auto part = [&](int i) {
-    BatchView v = all;
-    v.block_table += int64_t(first[size_t(i)]) * all.block_table_stride;
-    v.seq_lens += first[size_t(i)];
-    v.batch_size = sizes[size_t(i)];
-    return v;
-  };
-  const size_t row = size_t(Hq) * d;
+// Runs the bench's step over the parts of `sizes` (sub_batch_step.h) in one graph, into out
+// (the whole batch's rows).
+void run_parts(cuda_bench::SubBatchStep& step, const GpuCache& gc, GpuSummaries& sums,
+               const float* dq, int Hq, float* dout) {
   cudaStream_t st, lo, hi;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&lo, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&hi, cudaStreamNonBlocking));
-  std::vector<cudaEvent_t> ev(size_t(K) + 3);
-  for (cudaEvent_t& e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  CK(cudaEventRecord(ev[size_t(K)], st));
-  CK(cudaStreamWaitEvent(lo, ev[size_t(K)]));
-  CK(cudaStreamWaitEvent(hi, ev[size_t(K)]));
-  for (int i = 0; i < K; ++i) {
-    dec[size_t(i)]->score(sums.view(), part(i), QueryView{dq + first[size_t(i)] * row, Hq}, lo);
-    CK(cudaEventRecord(ev[size_t(i)], lo));
-  }
-  for (int i = 0; i < K; ++i) {
-    CK(cudaStreamWaitEvent(hi, ev[size_t(i)]));
-    dec[size_t(i)]->aggregate_select(part(i), hi);
-    const Selection sel = dec[size_t(i)]->selection();
-    dec[size_t(i)]->attend(gc.dview(), part(i), QueryView{dq + first[size_t(i)] * row, Hq}, &sel,
-                           AttentionOutput{dout + first[size_t(i)] * row, nullptr}, hi);
-  }
-  CK(cudaEventRecord(ev[size_t(K) + 1], lo));
-  CK(cudaEventRecord(ev[size_t(K) + 2], hi));
-  CK(cudaStreamWaitEvent(st, ev[size_t(K) + 1]));
-  CK(cudaStreamWaitEvent(st, ev[size_t(K) + 2]));
+  step.run(gc.dview(), sums.view(), gc.dbatch(), dq, Hq, dout, st, lo, hi);
   CK(cudaStreamEndCapture(st, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   CK(cudaGraphLaunch(exec, st));
   CK(cudaStreamSynchronize(st));
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
-  for (cudaEvent_t e : ev) CK(cudaEventDestroy(e));
   for (cudaStream_t s : {st, lo, hi}) CK(cudaStreamDestroy(s));
 }
 
@@ -127,13 +89,14 @@ TEST_P(DecodeSubBatches, PartsSelectAndAttendAsTheWholeBatch) {
          {std::vector<int>{2, 3}, std::vector<int>{4, 1}, std::vector<int>{1, 1, 1, 1, 1}}) {
       const std::string what = "pps " + std::to_string(pps) + ", parts of " +
                                std::to_string(sizes.front()) + ".." + std::to_string(sizes.back());
-      std::vector<std::unique_ptr<cuda::Decoder>> dec;
+      cuda_bench::SubBatchStep step(plan, sizes);
       out_parts.poison();
-      run_parts(sizes, plan, gc, sums, dq.p, Hq, out_parts.p, dec);
+      run_parts(step, gc, sums, dq.p, Hq, out_parts.p);
       // Each part's selection rows = the whole batch's rows (same capacity: same budget).
       int b0 = 0;
       for (size_t i = 0; i < sizes.size(); ++i) {
-        const Selection ps = dec[i]->selection();
+        ASSERT_EQ(step.first(i), b0) << what;
+        const Selection ps = step.decoder(i).selection();
         ASSERT_EQ(ps.capacity, cap) << what;
         std::vector<int32_t> pp(size_t(sizes[i]) * Hkv * cap), pc(size_t(sizes[i]) * Hkv);
         CK(cudaMemcpy(pp.data(), ps.pages, pp.size() * 4, cudaMemcpyDeviceToHost));
