@@ -168,20 +168,23 @@ inline void expect_aggregate_match(const std::vector<float>& hs, const BatchView
   }
 }
 
-// Compares a backend's attention output out [batch, Hq, d] and lse [batch, Hq] (scale
-// t.scale(); over the pages of sel, or every page when sel is null) with the reference's.
-inline void expect_attention_match(const TestCache& t, const Selection* sel, const float* out,
-                                   const float* lse, const ArithModel& m = {}) {
-  const int B = t.bv().batch_size, Hq = t.spec.num_q_heads, d = t.spec.head_dim;
-  const int H = t.spec.num_kv_heads, G = Hq / H, P = t.spec.page_size;
+// Compares a backend's attention output out [batch, Hq, d] and lse [batch, Hq] (lse may be
+// null: not checked) with the reference's on the pages of sel (every page when sel is null),
+// for any cache, batch and query views (kernel tests with their own caches use this form).
+inline void expect_attention_within_bound(const KvCacheView& kv, const BatchView& bv,
+                                          const QueryView& qv, float scale, const Selection* sel,
+                                          const float* out, const float* lse,
+                                          const ArithModel& m = {}) {
+  const CacheLayout& L = kv.layout;
+  const int B = bv.batch_size, Hq = qv.num_q_heads, d = L.head_dim;
+  const int H = L.num_kv_heads, G = Hq / H, P = L.page_size;
   std::vector<double> out_r(size_t(B) * Hq * d), lse_r(size_t(B) * Hq);
-  ref::decode_attention(t.view(), t.bv(), t.qv(), t.scale(), sel, out_r.data(), lse_r.data());
-  const auto& L = t.layout();
+  ref::decode_attention(kv, bv, qv, scale, sel, out_r.data(), lse_r.data());
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       SCOPED_TRACE(testing::Message() << "seq " << b << " head " << h);
-      const float* q = t.q.data() + (size_t(b) * Hq + h) * d;
-      const int32_t len = t.bv().seq_lens[b];
+      const int64_t q0 = qv.offset(b, h, d);
+      const int32_t len = bv.seq_lens[b];
       std::vector<int> pages;
       if (sel) {
         const int64_t row = int64_t(b) * H + h / G;
@@ -194,23 +197,32 @@ inline void expect_attention_match(const TestCache& t, const Selection* sel, con
       int n = 0;
       for (int j : pages)
         for (int s = 0; s < std::min(P, len - j * P); ++s, ++n) {
-          const int64_t off = L.offset(t.block_of(b, j), s, h / G);
+          const int64_t off = kv.offset(bv.block_table[b * bv.block_table_stride + j], s, h / G);
           double a = 0;
           for (int c = 0; c < d; ++c) {
-            a += std::fabs(double(q[c]) * load_as_float(t.view().k, L.dtype, off + c));
-            vmax = std::max(vmax, double(std::fabs(load_as_float(t.view().v, L.dtype, off + c))));
+            a += std::fabs(double(load_as_float(qv.q, qv.dtype, q0 + c)) *
+                           load_as_float(kv.k, L.dtype, off + c));
+            vmax = std::max(vmax, double(std::fabs(load_as_float(kv.v, L.dtype, off + c))));
           }
-          A = std::max(A, a * t.scale());
+          A = std::max(A, a * scale);
         }
       const double base = d * A + n + double(pages.size()) + 1;
       const size_t i = size_t(b) * Hq + h;
       // The query rounding moves each logit by <= u_query A; weights then by 2 u_query A
       // relative, plus u_weight from their own rounding.
-      EXPECT_NEAR(lse[i], lse_r[i], 2 * m.u_query * A + 4 * kEps32 * (base + std::fabs(lse_r[i])));
+      if (lse)
+        EXPECT_NEAR(lse[i], lse_r[i],
+                    2 * m.u_query * A + 4 * kEps32 * (base + std::fabs(lse_r[i])));
       for (int c = 0; c < d; ++c)
         EXPECT_NEAR(out[i * d + c], out_r[i * d + c],
                     vmax * (4 * m.u_query * A + 2 * m.u_weight + 4 * kEps32 * base));
     }
+}
+
+// The same for a TestCache's own cache, batch and query.
+inline void expect_attention_match(const TestCache& t, const Selection* sel, const float* out,
+                                   const float* lse, const ArithModel& m = {}) {
+  expect_attention_within_bound(t.view(), t.bv(), t.qv(), t.scale(), sel, out, lse, m);
 }
 
 }  // namespace locks::test
