@@ -261,22 +261,9 @@ void run_case(const Case& c, const std::vector<int64_t>& lens) {
   // 5. Attention vs float64 on the GPU's selection.
   const auto o = out.download(), ls = lse.download();
   const Selection hsel{const_cast<int32_t*>(gp.data()), const_cast<int32_t*>(gcnt.data()), cap};
-  std::vector<double> ro(o.size()), rl(ls.size());
-  ref::decode_attention(f.gc.host.view(), hb, hq, scale, &hsel, ro.data(), rl.data());
-  double worst_o = 0, worst_l = 0;
-  for (int i = 0; i < B * Hq; ++i) {
-    double num = 0, den = 1e-30;
-    for (int e = 0; e < d; ++e) {
-      const double x = o[size_t(i) * d + e], y = ro[size_t(i) * d + e];
-      ASSERT_TRUE(std::isfinite(x)) << "output " << i;
-      num += (x - y) * (x - y);
-      den += y * y;
-    }
-    worst_o = std::max(worst_o, std::sqrt(num / den));
-    worst_l = std::max(worst_l, std::fabs(ls[size_t(i)] - rl[size_t(i)]));
-  }
-  EXPECT_LT(worst_o, 1e-2) << "output rel L2";
-  EXPECT_LT(worst_l, 1e-3) << "lse";
+  for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(std::isfinite(o[i])) << "output " << i;
+  test::expect_attention_within_bound(f.gc.host.view(), hb, hq, scale, &hsel, o.data(), ls.data(),
+                                      test::cuda_arith(f.gc.host.view().layout.dtype));
 
   // 6. The whole step vs cpu::decode_two_level: page sets, rows that differ counted (the
   // two backends' level-1 and level-2 scores differ in the last bits, so a near-tie may
