@@ -164,13 +164,20 @@ def _man_text(path: str):
         ln = _ROFF.sub(lambda m: "-" if m.group(0) == "\\-" else "", ln).replace("\\", "")
         if in_name and name is None and " - " in ln:
             name, desc = [s.strip() for s in ln.split(" - ", 1)]
+            if not _usable(name, desc):
+                return None  # (the rest of the page cannot change that: skip parsing it)
         if ln.strip():
             lines.append(ln + "\n")
-    # One-word command names only: multi-word ones (gcloud's thousands of sub-command pages)
-    # make near-duplicate documents and questions.
-    if not name or not desc or not re.fullmatch(r"[\w.+-]+", name) or len(desc.split()) < 3:
+    if name is None or not _usable(name, desc):
         return None
     return name, desc, "".join(lines)
+
+
+def _usable(name: str, desc: str) -> bool:
+    """One-word command names only: multi-word ones (gcloud's thousands of sub-command pages)
+    make near-duplicate documents and questions."""
+    return (bool(name) and bool(desc) and re.fullmatch(r"[\w.+-]+", name) is not None
+            and len(desc.split()) >= 3)
 
 
 def manpage_qa(tokenizer, n_tokens: int, seed: int = 0, depth: float | None = None) -> Task:
