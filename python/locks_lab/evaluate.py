@@ -143,31 +143,48 @@ class _Clock:
         return scores
 
 
-@torch.inference_mode()
-def side_by_side(model, tokenizer, prompts: list[str], max_new_tokens: int, budget: int | None,
-                 **locks_kwargs) -> SideBySide:
-    """Greedy generation with FullKV and with LOCKS on the same prompts (left-padded batch)."""
+def _greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, cache):
+    """Greedy generation of exactly max_new_tokens on the left-padded batch of prompts, with
+    `cache` (None: the model's own): (new tokens, seconds, seconds to the first logits)."""
+    from transformers import LogitsProcessorList
+
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
     n = enc.input_ids.shape[1]
     gen = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    kw = {hf.cache_kwarg(model): cache} if cache is not None else {}
+    clock = _Clock()
+    t0 = time.perf_counter()
+    out = model.generate(**enc, **gen, **kw, logits_processor=LogitsProcessorList([clock]))
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    return out[:, n:], time.perf_counter() - t0, clock.times[0] - t0
 
-    def run(cache):
-        from transformers import LogitsProcessorList
 
-        kw = {hf.cache_kwarg(model): cache} if cache is not None else {}
-        clock = _Clock()
-        t0 = time.perf_counter()
-        out = model.generate(**enc, **gen, **kw, logits_processor=LogitsProcessorList([clock]))
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        return out[:, n:], time.perf_counter() - t0, clock.times[0] - t0
-
-    with attn_implementation(model, _dense_impl(model)):
-        full, full_s, full_pre = run(None)
+def _locks_greedy(model, tokenizer, prompts, max_new_tokens, budget, **locks_kwargs):
     with attn_implementation(model, hf.ATTN_NAME):
-        mine, locks_s, locks_pre = run(hf.LocksCache(model.config, budget=budget, **locks_kwargs))
+        return _greedy(model, tokenizer, prompts, max_new_tokens,
+                       hf.LocksCache(model.config, budget=budget, **locks_kwargs))
+
+
+@torch.inference_mode()
+def locks_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, budget: int | None,
+                   **locks_kwargs) -> list[str]:
+    """side_by_side's LOCKS half alone (the same batch, cache and decoding): the texts, for
+    comparing two LOCKS configurations without generating FullKV's twice."""
+    mine, _, _ = _locks_greedy(model, tokenizer, prompts, max_new_tokens, budget, **locks_kwargs)
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in mine]
+
+
+@torch.inference_mode()
+def side_by_side(model, tokenizer, prompts: list[str], max_new_tokens: int, budget: int | None,
+                 **locks_kwargs) -> SideBySide:
+    """Greedy generation with FullKV and with LOCKS on the same prompts (left-padded batch)."""
+    with attn_implementation(model, _dense_impl(model)):
+        full, full_s, full_pre = _greedy(model, tokenizer, prompts, max_new_tokens, None)
+    mine, locks_s, locks_pre = _locks_greedy(model, tokenizer, prompts, max_new_tokens, budget,
+                                             **locks_kwargs)
     same = full == mine
     first = [int((~row).nonzero()[0]) if (~row).any() else -1 for row in same]
     dec = lambda t: [tokenizer.decode(r, skip_special_tokens=True) for r in t]  # noqa: E731

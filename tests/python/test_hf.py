@@ -182,9 +182,9 @@ def test_two_level_flat_below_groups_is_flat_locks(smol):
     ids = tok(corpus.text("python"), return_tensors="pt").input_ids[:, :2040]
     prompt = tok.decode(ids[0])
     kw = dict(max_new_tokens=24, budget=256, group_pages=4, alpha=4.0, min_groups=4)
-    flat = evaluate.side_by_side(model, tok, [prompt], selector="locks", **kw)
-    fb = evaluate.side_by_side(model, tok, [prompt], selector="locks_h2", flat_below_groups=10**6, **kw)
-    assert fb.locks_text == flat.locks_text
+    flat = evaluate.locks_generate(model, tok, [prompt], selector="locks", **kw)
+    fb = evaluate.locks_generate(model, tok, [prompt], selector="locks_h2", flat_below_groups=10**6, **kw)
+    assert fb == flat
 
 
 def test_two_level_storage_growth_keeps_the_supers(smol):
@@ -197,6 +197,6 @@ def test_two_level_storage_growth_keeps_the_supers(smol):
     ids = tok(text, return_tensors="pt").input_ids[:, :2040]
     prompt = tok.decode(ids[0])
     kw = dict(max_new_tokens=24, budget=256, selector="locks_h2", group_pages=4, alpha=4.0, min_groups=4)
-    grown = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=0, **kw)
-    roomy = evaluate.side_by_side(model, tok, [prompt], reserve_tokens=512, **kw)
-    assert grown.locks_text == roomy.locks_text
+    grown = evaluate.locks_generate(model, tok, [prompt], reserve_tokens=0, **kw)
+    roomy = evaluate.locks_generate(model, tok, [prompt], reserve_tokens=512, **kw)
+    assert grown == roomy
