@@ -168,7 +168,7 @@ def _man_text(path: str):
                 return None  # (the rest of the page cannot change that: skip parsing it)
         if ln.strip():
             lines.append(ln + "\n")
-    if name is None or not _usable(name, desc):
+    if name is None:  # no NAME line (a name found above has passed _usable)
         return None
     return name, desc, "".join(lines)
 
