@@ -30,7 +30,7 @@ trap 'kill -- -"$pysetup" 2>/dev/null || true' EXIT
 # Each phase's wall time, printed when it ends (what CI time is spent on, run by run).
 phase_t=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_t)) s (at $((SECONDS - t0)) s)"; phase_t=$SECONDS; }
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+scripts/configure.sh build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 phase "Release build"
 (cd build && ctest --output-on-failure -j"$jobs")
@@ -39,7 +39,7 @@ phase "Release ctest"
 # machine against gcc 12's 449 s at -O0 (2026-12-04). It also builds the libFuzzer harnesses
 # (fuzz/, issue #12: the .npy reader, the capture reader, the CLI option parser and the CPU
 # decode contract, -fsanitize=fuzzer,address,undefined), which need clang.
-cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON \
+scripts/configure.sh build-asan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DLOCKS_SANITIZE=ON \
   -DLOCKS_FUZZ=ON -DLOCKS_CUDA=OFF -DLOCKS_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 phase "ASan build (and the fuzzers)"
