@@ -20,7 +20,10 @@
 #   ("model context batch" separated by ';'), each row twice, alternating binaries;
 #   LOCKS_AB_BASE_ARGS / LOCKS_AB_ARGS: extra bench options for the base / the new binary
 #   (the same binary twice with different plan knobs works too). LOCKS_MEMCHECK_FILTER /
-#   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases. scripts/ab_table.py prints
+#   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases. LOCKS_SANITIZER_SHARD=I/N:
+#   the sanitizer phases run shard I (0-based) of N of the filtered tests (gtest's own sharding),
+#   so that a set too long for one call (racecheck of the whole suite: 37 tests in 400 s on an
+#   H100, 2026-12-07) runs over N calls, e.g. LOCKS_RACECHECK_FILTER='*' and shards 0/8 ... 7/8. scripts/ab_table.py prints
 #   an ab.log as one line per row. sweep: one binary over several option sets
 #   (LOCKS_SWEEP_OPTS="opts|opts|...", rows in LOCKS_SWEEP_ROWS), each row twice, to sweep.log.
 set -uo pipefail
@@ -65,6 +68,18 @@ if [ $python_only -eq 0 ] && ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
   fi
 fi
 
+# gtest reads the shard from the environment; compute-sanitizer passes it on.
+if [ -n "${LOCKS_SANITIZER_SHARD:-}" ]; then
+  shard_i=${LOCKS_SANITIZER_SHARD%/*} shard_n=${LOCKS_SANITIZER_SHARD#*/}
+  if ! [[ "$shard_i" =~ ^[0-9]+$ && "$shard_n" =~ ^[0-9]+$ ]] || [ "$shard_i" -ge "$shard_n" ]; then
+    echo "LOCKS_SANITIZER_SHARD must be I/N with 0 <= I < N; got '$LOCKS_SANITIZER_SHARD'" >&2
+    exit 2
+  fi
+  echo "sanitizer shard $shard_i of $shard_n" | tee -a "$OUT/device.txt"
+fi
+shard_env=()
+[ -n "${LOCKS_SANITIZER_SHARD:-}" ] && shard_env=(GTEST_SHARD_INDEX="$shard_i" GTEST_TOTAL_SHARDS="$shard_n")
+
 status=0
 for p in "${phases[@]}"; do
   case "$p" in
@@ -76,12 +91,12 @@ for p in "${phases[@]}"; do
       timeout 300 "$TESTS" --gtest_filter='Cases/BackendOps.*:BackendMemory.*' 2>&1 | tee "$OUT/ops.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran|Failure" | head -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     memcheck)
-      timeout 560 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
+      timeout 560 env "${shard_env[@]}" compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" \
         ${LOCKS_MEMCHECK_FILTER:+--gtest_filter="$LOCKS_MEMCHECK_FILTER"} >"$OUT/memcheck.log" 2>&1
       rc=$?; echo "memcheck rc=$rc"; grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED" "$OUT/memcheck.log" | head -20
       [ $rc -eq 0 ] || status=1 ;;
     racecheck)
-      timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
+      timeout 400 env "${shard_env[@]}" compute-sanitizer --tool racecheck --error-exitcode 9 "$TESTS" \
         --gtest_filter="${LOCKS_RACECHECK_FILTER:-*SummaryBuildTest*/0:*SummaryBuildTest*/4:*SummaryBuildTest*/6:SummaryBuildFilled*:Shapes/DecodeOpsTest*_0:Shapes/DecodeOpsTest*_1:Shapes/DecodeOpsTest*_2:Shapes/DecodeOpsTest*_3:Shapes/DecodeOpsTest*_5:WideShapes/DecodeOpsTest*_0:WideShapes/DecodeOpsTest*_4:DecodeSelect*:DecodeGraph*}" \
         >"$OUT/racecheck.log" 2>&1
       rc=$?; echo "racecheck rc=$rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/racecheck.log" | head -20
