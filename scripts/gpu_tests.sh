@@ -23,8 +23,8 @@
 #   LOCKS_RACECHECK_FILTER: a gtest filter for the sanitizer phases. LOCKS_SANITIZER_SHARD=I/N:
 #   the sanitizer phases run shard I (0-based) of N of the filtered tests (gtest's own sharding),
 #   so that a set too long for one call (racecheck of the whole suite: 37 tests in 400 s on an
-#   H100, 2026-12-07) runs over N calls, e.g. LOCKS_RACECHECK_FILTER='*' and shards 0/8 ... 7/8. scripts/ab_table.py prints
-#   an ab.log as one line per row. sweep: one binary over several option sets
+#   H100, 2026-12-07) runs over N calls, e.g. LOCKS_RACECHECK_FILTER='*' and shards 0/8 ... 7/8.
+#   scripts/ab_table.py prints an ab.log as one line per row. sweep: one binary over several option sets
 #   (LOCKS_SWEEP_OPTS="opts|opts|...", rows in LOCKS_SWEEP_ROWS), each row twice, to sweep.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
