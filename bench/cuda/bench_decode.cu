@@ -8,6 +8,8 @@
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
 //                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
 //                         [--ceiling TB_PER_S] [--pipeline K | --pipeline B1,B2,...]
+//   An unknown option, a missing or malformed value, or a CSV path that cannot be written: exit
+//   2 with the reason, before any device call (bench_args.h).
 //   --ceiling: the read ceiling the floor% and bandwidth columns divide by (default: measured
 //   here, 8 GiB of streaming loads, ~0.2 s; every row, --only included).
 //   --only runs one row, any context (tokens; the last page may be partial) and batch (the
@@ -47,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "bench_timing.cuh"
 #include "locks/contract.h"
 #include "locks/cuda/decoder.h"
@@ -137,22 +140,7 @@ const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 12
                          {"SmolLM2-135M", 9, 3, 64},      {"Gemma-3-270M-global", 4, 1, 256},
                          {"Gemma-3-4B-global", 8, 4, 256}};
 
-struct Opts {
-  bool quick = false;
-  bool two_level = false;
-  int group_pages = 32;                   // --S
-  double alpha = 40.0;                    // --alpha (TwoLevelConfig's default)
-  int flat_below = -1;                    // --flat-below: TwoLevelConfig::flat_below_groups
-  int score_chunk = 0, select_chunk = 0;  // plan knobs (0 = the plan's choice)
-  int select_cluster = 0;                 // -1 never, 0 the plan's rule, 1-16 forced
-  int group_cluster = 0;                  // two-level group choice: 0 the plan's rule, 1-8 forced
-  int attn_pps = 0;                       // sparse attention pages a split: 0 the plan's rule
-  float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
-  int tokens_per_seq = 1;                 // --tokens-per-seq: rows a sequence (verification)
-  std::string pipeline;                   // --pipeline K or B1,B2,...: sub-batches to time
-  double ceiling = 0;                     // --ceiling (TB/s); 0: measured
-  FILE* csv = nullptr;
-};
+using bench::Opts;
 
 constexpr int kP = 16, kRank = 8, kBudget = 2048;
 
@@ -726,48 +714,17 @@ void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ct
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* csv_path = argc > 1 ? argv[1] : nullptr;
   Opts o;
-  std::string only_model;
-  int64_t only_ctx = 0;
-  int only_batch = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
-    if (std::strcmp(argv[i], "--two-level") == 0) o.two_level = true;
-    if (std::strcmp(argv[i], "--S") == 0 && i + 1 < argc) o.group_pages = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--group-cluster") == 0 && i + 1 < argc)
-      o.group_cluster = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--alpha") == 0 && i + 1 < argc) o.alpha = std::atof(argv[i + 1]);
-    if (std::strcmp(argv[i], "--flat-below") == 0 && i + 1 < argc)
-      o.flat_below = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--score-chunk") == 0 && i + 1 < argc)
-      o.score_chunk = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--tau") == 0 && i + 1 < argc) o.tau = float(std::atof(argv[i + 1]));
-    if (std::strcmp(argv[i], "--select-cluster") == 0 && i + 1 < argc)
-      o.select_cluster = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--select-chunk") == 0 && i + 1 < argc)
-      o.select_chunk = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--attn-pps") == 0 && i + 1 < argc)
-      o.attn_pps = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--ceiling") == 0 && i + 1 < argc) o.ceiling = std::atof(argv[i + 1]);
-    if (std::strcmp(argv[i], "--tokens-per-seq") == 0 && i + 1 < argc)
-      o.tokens_per_seq = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--pipeline") == 0 && i + 1 < argc) o.pipeline = argv[i + 1];
-    if (std::strcmp(argv[i], "--only") == 0 && i + 3 < argc) {
-      only_model = argv[i + 1];
-      only_ctx = std::atoll(argv[i + 2]);
-      only_batch = std::atoi(argv[i + 3]);
-      i += 3;
-    }
+  // The whole command is checked before the first device call.
+  if (const std::string err = bench::parse_args(argc, argv, o); !err.empty()) {
+    std::fprintf(stderr,
+                 "locks_bench_cuda: %s (usage: the comment at the top of bench_decode.cu)\n",
+                 err.c_str());
+    return 2;
   }
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, %.1f GiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
-              prop.totalGlobalMem / double(1 << 30), prop.l2CacheSize >> 20);
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  CK(cudaMalloc(&g_flush, kFlushBytes));
-  o.csv = csv_path && std::strncmp(csv_path, "--", 2) != 0 ? std::fopen(csv_path, "w") : nullptr;
+  const std::string& only_model = o.only_model;
+  const int64_t only_ctx = o.only_ctx;
+  const int only_batch = o.only_batch;
   if (!only_model.empty()) {  // --only: a model the bench knows (any context and batch: a row
                               // that cannot run says why)
     const Model* pick = nullptr;
@@ -787,6 +744,17 @@ int main(int argc, char** argv) {
         o.tokens_per_seq);
     return 2;
   }
+  if (!o.csv_path.empty() && (o.csv = std::fopen(o.csv_path.c_str(), "w")) == nullptr) {
+    std::fprintf(stderr, "locks_bench_cuda: cannot write the CSV file '%s'\n", o.csv_path.c_str());
+    return 2;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.1f GiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30), prop.l2CacheSize >> 20);
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CK(cudaMalloc(&g_flush, kFlushBytes));
   if (o.two_level) {
     run_two_level(o, only_model, only_ctx, only_batch);
     if (o.csv) std::fclose(o.csv);
