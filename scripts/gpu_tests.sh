@@ -69,6 +69,7 @@ if [ $python_only -eq 0 ] && ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
 fi
 
 # gtest reads the shard from the environment; compute-sanitizer passes it on.
+shard_env=()
 if [ -n "${LOCKS_SANITIZER_SHARD:-}" ]; then
   shard_i=${LOCKS_SANITIZER_SHARD%/*} shard_n=${LOCKS_SANITIZER_SHARD#*/}
   if ! [[ "$shard_i" =~ ^[0-9]+$ && "$shard_n" =~ ^[0-9]+$ ]] || [ "$shard_i" -ge "$shard_n" ]; then
@@ -76,9 +77,8 @@ if [ -n "${LOCKS_SANITIZER_SHARD:-}" ]; then
     exit 2
   fi
   echo "sanitizer shard $shard_i of $shard_n" | tee -a "$OUT/device.txt"
+  shard_env=(GTEST_SHARD_INDEX="$shard_i" GTEST_TOTAL_SHARDS="$shard_n")
 fi
-shard_env=()
-[ -n "${LOCKS_SANITIZER_SHARD:-}" ] && shard_env=(GTEST_SHARD_INDEX="$shard_i" GTEST_TOTAL_SHARDS="$shard_n")
 
 status=0
 for p in "${phases[@]}"; do

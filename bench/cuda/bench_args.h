@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace bench {
 
@@ -68,82 +69,72 @@ inline std::string parse_args(int argc, const char* const* argv, Opts& o) {
   int i = 1;
   if (argc > 1 && std::strncmp(argv[1], "--", 2) != 0) o.csv_path = argv[i++];
   constexpr int64_t kIntMax = 2147483647;
+  // The options that take one value: integers with their least value, numbers (finite, >= 0).
+  struct IntOpt {
+    const char* name;
+    int* dst;
+    int64_t lo;
+  };
+  const IntOpt ints[] = {{"--S", &o.group_pages, 1},
+                         {"--group-cluster", &o.group_cluster, 0},
+                         {"--flat-below", &o.flat_below, -1},
+                         {"--score-chunk", &o.score_chunk, 0},
+                         {"--select-chunk", &o.select_chunk, 0},
+                         {"--select-cluster", &o.select_cluster, -1},
+                         {"--attn-pps", &o.attn_pps, 0},
+                         {"--tokens-per-seq", &o.tokens_per_seq, 1}};
+  double tau = o.tau;  // (Opts keeps it as the float the plan takes)
+  const std::pair<const char*, double*> nums[] = {
+      {"--alpha", &o.alpha}, {"--ceiling", &o.ceiling}, {"--tau", &tau}};
   for (; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](int k) -> const char* { return i + k < argc ? argv[i + k] : nullptr; };
-    auto int_opt = [&](int* dst, int64_t lo) -> std::string {
+    auto got = [&]() {
+      return value(1) ? std::string(", got '") + value(1) + "'" : std::string(", got nothing");
+    };
+    const IntOpt* io = nullptr;
+    for (const IntOpt& c : ints)
+      if (a == c.name) io = &c;
+    double* num = nullptr;
+    for (const auto& c : nums)
+      if (a == c.first) num = c.second;
+    if (io) {
       int64_t v = 0;
-      if (!detail::parse_int(value(1), lo, kIntMax, &v))
-        return a + " takes an integer >= " + std::to_string(lo) +
-               (value(1) ? std::string(", got '") + value(1) + "'" : std::string(", got nothing"));
-      *dst = int(v);
+      if (!detail::parse_int(value(1), io->lo, kIntMax, &v))
+        return a + " takes an integer >= " + std::to_string(io->lo) + got();
+      *io->dst = int(v);
       ++i;
-      return "";
-    };
-    auto num_opt = [&](double* dst) -> std::string {
-      double v = 0;
-      if (!detail::parse_num(value(1), 0.0, &v))
-        return a + " takes a number >= 0" +
-               (value(1) ? std::string(", got '") + value(1) + "'" : std::string(", got nothing"));
-      *dst = v;
+    } else if (num) {
+      if (!detail::parse_num(value(1), 0.0, num)) return a + " takes a number >= 0" + got();
       ++i;
-      return "";
-    };
-    std::string err;
-    if (a == "--quick") {
+    } else if (a == "--quick") {
       o.quick = true;
     } else if (a == "--two-level") {
       o.two_level = true;
-    } else if (a == "--S") {
-      err = int_opt(&o.group_pages, 1);
-    } else if (a == "--group-cluster") {
-      err = int_opt(&o.group_cluster, 0);
-    } else if (a == "--flat-below") {
-      err = int_opt(&o.flat_below, -1);
-    } else if (a == "--score-chunk") {
-      err = int_opt(&o.score_chunk, 0);
-    } else if (a == "--select-chunk") {
-      err = int_opt(&o.select_chunk, 0);
-    } else if (a == "--select-cluster") {
-      err = int_opt(&o.select_cluster, -1);
-    } else if (a == "--attn-pps") {
-      err = int_opt(&o.attn_pps, 0);
-    } else if (a == "--tokens-per-seq") {
-      err = int_opt(&o.tokens_per_seq, 1);
-    } else if (a == "--alpha") {
-      err = num_opt(&o.alpha);
-    } else if (a == "--ceiling") {
-      err = num_opt(&o.ceiling);
-    } else if (a == "--tau") {
-      double t = 0;
-      err = num_opt(&t);
-      o.tau = float(t);
     } else if (a == "--pipeline") {
       if (value(1) == nullptr || std::strncmp(value(1), "--", 2) == 0)
-        err = "--pipeline takes K or B1,B2,...";
-      else
-        o.pipeline = argv[++i];
+        return "--pipeline takes K or B1,B2,...";
+      o.pipeline = argv[++i];
     } else if (a == "--only") {
       int64_t ctx = 0, batch = 0;
       if (value(1) == nullptr || *value(1) == '\0' || std::strncmp(value(1), "--", 2) == 0 ||
           value(3) == nullptr)
-        err = "--only takes MODEL_PREFIX CONTEXT BATCH";
-      else if (!detail::parse_int(value(2), 1, int64_t(1) << 40, &ctx))
-        err = std::string("--only: CONTEXT must be a positive number of tokens, got '") + value(2) +
-              "'";
-      else if (!detail::parse_int(value(3), 1, kIntMax, &batch))
-        err = std::string("--only: BATCH must be a positive integer, got '") + value(3) + "'";
-      else {
-        o.only_model = value(1);
-        o.only_ctx = ctx;
-        o.only_batch = int(batch);
-        i += 3;
-      }
+        return "--only takes MODEL_PREFIX CONTEXT BATCH";
+      if (!detail::parse_int(value(2), 1, int64_t(1) << 40, &ctx))
+        return std::string("--only: CONTEXT must be a positive number of tokens, got '") +
+               value(2) + "'";
+      if (!detail::parse_int(value(3), 1, kIntMax, &batch))
+        return std::string("--only: BATCH must be a positive integer, got '") + value(3) + "'";
+      o.only_model = value(1);
+      o.only_ctx = ctx;
+      o.only_batch = int(batch);
+      i += 3;
     } else {
-      err = "unknown argument '" + a + "'" + (i == 1 ? "" : " (the CSV path, if any, comes first)");
+      return "unknown argument '" + a + "'" +
+             (i == 1 ? "" : " (the CSV path, if any, comes first)");
     }
-    if (!err.empty()) return err;
   }
+  o.tau = float(tau);
   return "";
 }
 

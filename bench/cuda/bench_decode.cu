@@ -675,7 +675,7 @@ void run_two_level_row(const Model& m, int64_t ctx, int B, int budget, const Opt
   for (void* ptr : {(void*)dtab, wsp}) CK(cudaFree(ptr));
 }
 
-void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ctx, int only_batch) {
+void run_two_level(const Opts& o) {
   std::printf(
       "\ntwo-level step (S %d, alpha %.0f, R %d extent, budget b; sink 1, recent 2; flat below %d "
       "groups)\n%-13s %8s "
@@ -695,7 +695,7 @@ void run_two_level(const Opts& o, const std::string& only_model, int64_t only_ct
   };
   std::vector<Row> rows = {
       {"Llama-3.1-8B", 1048576, 1}, {"GLM-4-9B", 1048576, 1}, {"Llama-3.1-8B", 131072, 8}};
-  if (!only_model.empty()) rows = {{only_model.c_str(), only_ctx, only_batch}};
+  if (!o.only_model.empty()) rows = {{o.only_model.c_str(), o.only_ctx, o.only_batch}};
   for (const Row& r : rows)  // (--only names a model main() has checked)
     for (const Model& m : kModels)
       if (std::string(m.name).rfind(r.model, 0) == 0) {
@@ -722,22 +722,19 @@ int main(int argc, char** argv) {
                  err.c_str());
     return 2;
   }
-  const std::string& only_model = o.only_model;
-  const int64_t only_ctx = o.only_ctx;
-  const int only_batch = o.only_batch;
-  if (!only_model.empty()) {  // --only: a model the bench knows (any context and batch: a row
-                              // that cannot run says why)
+  if (!o.only_model.empty()) {  // --only: a model the bench knows (any context and batch: a row
+                                // that cannot run says why)
     const Model* pick = nullptr;
     for (const Model& m : kModels)
-      if (!pick && std::string(m.name).rfind(only_model, 0) == 0) pick = &m;
+      if (!pick && std::string(m.name).rfind(o.only_model, 0) == 0) pick = &m;
     if (!pick) {
-      std::printf("--only %s: no model name starts with it (models:", only_model.c_str());
+      std::printf("--only %s: no model name starts with it (models:", o.only_model.c_str());
       for (const Model& m : kModels) std::printf(" %s", m.name);
       std::printf(")\n");
       return 2;
     }
   }
-  if (o.tokens_per_seq != 1 && (o.two_level || only_model.empty())) {
+  if (o.tokens_per_seq != 1 && (o.two_level || o.only_model.empty())) {
     std::printf(
         "--tokens-per-seq %d: takes flat rows named with --only (not the grid, not "
         "--two-level)\n",
@@ -756,7 +753,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaMalloc(&g_flush, kFlushBytes));
   if (o.two_level) {
-    run_two_level(o, only_model, only_ctx, only_batch);
+    run_two_level(o);
     if (o.csv) std::fclose(o.csv);
     return 0;
   }
@@ -773,10 +770,10 @@ int main(int argc, char** argv) {
               "model", "context", "batch", "dense_ms", "locks_ms", "xtime", "xbytes", "floor%",
               "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
               "attn%", "cl");
-  if (!only_model.empty()) {
+  if (!o.only_model.empty()) {
     for (const Model& m : kModels)
-      if (std::string(m.name).rfind(only_model, 0) == 0) {
-        run_row(m, only_ctx, only_batch, o);
+      if (std::string(m.name).rfind(o.only_model, 0) == 0) {
+        run_row(m, o.only_ctx, o.only_batch, o);
         break;
       }
   } else {

@@ -162,6 +162,10 @@ def _greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, cache):
     return out[:, n:], time.perf_counter() - t0, clock.times[0] - t0
 
 
+def _decode(tokenizer, rows) -> list[str]:
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+
+
 def _locks_greedy(model, tokenizer, prompts, max_new_tokens, budget, **locks_kwargs):
     with attn_implementation(model, hf.ATTN_NAME):
         return _greedy(model, tokenizer, prompts, max_new_tokens,
@@ -174,7 +178,7 @@ def locks_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, bu
     """side_by_side's LOCKS half alone (the same batch, cache and decoding): the texts, for
     comparing two LOCKS configurations without generating FullKV's twice."""
     mine, _, _ = _locks_greedy(model, tokenizer, prompts, max_new_tokens, budget, **locks_kwargs)
-    return [tokenizer.decode(r, skip_special_tokens=True) for r in mine]
+    return _decode(tokenizer, mine)
 
 
 @torch.inference_mode()
@@ -187,6 +191,5 @@ def side_by_side(model, tokenizer, prompts: list[str], max_new_tokens: int, budg
                                              **locks_kwargs)
     same = full == mine
     first = [int((~row).nonzero()[0]) if (~row).any() else -1 for row in same]
-    dec = lambda t: [tokenizer.decode(r, skip_special_tokens=True) for r in t]  # noqa: E731
-    return SideBySide(dec(full), dec(mine), float(same.float().mean()), first, full_s, locks_s,
-                      max_new_tokens, full_pre, locks_pre)
+    return SideBySide(_decode(tokenizer, full), _decode(tokenizer, mine), float(same.float().mean()),
+                      first, full_s, locks_s, max_new_tokens, full_pre, locks_pre)
