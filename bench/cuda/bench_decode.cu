@@ -140,6 +140,13 @@ const Model kModels[] = {{"Llama-3.1-8B", 32, 8, 128},    {"GLM-4-9B", 32, 2, 12
                          {"SmolLM2-135M", 9, 3, 64},      {"Gemma-3-270M-global", 4, 1, 256},
                          {"Gemma-3-4B-global", 8, 4, 256}};
 
+// The first model whose name starts with `prefix` (--only's MODEL_PREFIX), or null.
+const Model* find_model(const std::string& prefix) {
+  for (const Model& m : kModels)
+    if (std::string(m.name).rfind(prefix, 0) == 0) return &m;
+  return nullptr;
+}
+
 using bench::Opts;
 
 constexpr int kP = 16, kRank = 8, kBudget = 2048;
@@ -697,11 +704,8 @@ void run_two_level(const Opts& o) {
       {"Llama-3.1-8B", 1048576, 1}, {"GLM-4-9B", 1048576, 1}, {"Llama-3.1-8B", 131072, 8}};
   if (!o.only_model.empty()) rows = {{o.only_model.c_str(), o.only_ctx, o.only_batch}};
   for (const Row& r : rows)  // (--only names a model main() has checked)
-    for (const Model& m : kModels)
-      if (std::string(m.name).rfind(r.model, 0) == 0) {
-        for (int budget : {512, 2048}) run_two_level_row(m, r.ctx, r.batch, budget, o);
-        break;
-      }
+    if (const Model* m = find_model(r.model))
+      for (int budget : {512, 2048}) run_two_level_row(*m, r.ctx, r.batch, budget, o);
   std::printf(
       "\ndense / flat / two = ms per step (CUDA graphs, L2 flushed); xflat, xtwo = dense / flat, "
       "dense / two; lvl1 .. attn = the two-level step's stages (cumulative graphs, differences): "
@@ -724,10 +728,7 @@ int main(int argc, char** argv) {
   }
   if (!o.only_model.empty()) {  // --only: a model the bench knows (any context and batch: a row
                                 // that cannot run says why)
-    const Model* pick = nullptr;
-    for (const Model& m : kModels)
-      if (!pick && std::string(m.name).rfind(o.only_model, 0) == 0) pick = &m;
-    if (!pick) {
+    if (!find_model(o.only_model)) {
       std::printf("--only %s: no model name starts with it (models:", o.only_model.c_str());
       for (const Model& m : kModels) std::printf(" %s", m.name);
       std::printf(")\n");
@@ -771,11 +772,7 @@ int main(int argc, char** argv) {
               "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
               "attn%", "cl");
   if (!o.only_model.empty()) {
-    for (const Model& m : kModels)
-      if (std::string(m.name).rfind(o.only_model, 0) == 0) {
-        run_row(m, o.only_ctx, o.only_batch, o);
-        break;
-      }
+    run_row(*find_model(o.only_model), o.only_ctx, o.only_batch, o);  // (checked above)
   } else {
     struct Row {
       const char* model;
