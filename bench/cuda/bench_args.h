@@ -26,9 +26,10 @@ struct Opts {
   int attn_pps = 0;                       // sparse attention pages a split: 0 the plan's rule
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   int tokens_per_seq = 1;                 // --tokens-per-seq: rows a sequence (verification)
-  std::string pipeline;                   // --pipeline K or B1,B2,...: sub-batches to time
-  double ceiling = 0;                     // --ceiling (TB/s); 0: measured
-  FILE* csv = nullptr;                    // opened by main from csv_path
+  int row_tokens = 0;    // --row-tokens: every row this long, the plan and cache for CONTEXT (0: =)
+  std::string pipeline;  // --pipeline K or B1,B2,...: sub-batches to time
+  double ceiling = 0;    // --ceiling (TB/s); 0: measured
+  FILE* csv = nullptr;   // opened by main from csv_path
   // The command line's own values (not knobs).
   std::string csv_path;    // first argument when it does not start with "--"
   std::string only_model;  // --only MODEL_PREFIX CONTEXT BATCH (empty: the grid)
@@ -82,7 +83,8 @@ inline std::string parse_args(int argc, const char* const* argv, Opts& o) {
                          {"--select-chunk", &o.select_chunk, 0},
                          {"--select-cluster", &o.select_cluster, -1},
                          {"--attn-pps", &o.attn_pps, 0},
-                         {"--tokens-per-seq", &o.tokens_per_seq, 1}};
+                         {"--tokens-per-seq", &o.tokens_per_seq, 1},
+                         {"--row-tokens", &o.row_tokens, 1}};
   double tau = o.tau;  // (Opts keeps it as the float the plan takes)
   const std::pair<const char*, double*> nums[] = {
       {"--alpha", &o.alpha}, {"--ceiling", &o.ceiling}, {"--tau", &tau}};

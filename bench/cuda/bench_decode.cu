@@ -8,6 +8,7 @@
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
 //                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
 //                         [--ceiling TB_PER_S] [--pipeline K | --pipeline B1,B2,...]
+//                         [--tokens-per-seq T] [--row-tokens N]
 //   An unknown option, a missing or malformed value, or a CSV path that cannot be written: exit
 //   2 with the reason, before any device call (bench_args.h).
 //   --ceiling: the read ceiling the floor% and bandwidth columns divide by (default: measured
@@ -29,6 +30,10 @@
 //   the page summaries are. --flat-below: TwoLevelConfig::flat_below_groups (rows with fewer
 //   complete groups score every page inside the two-level kernels; the level-2 list grows to
 //   hold them).
+//   --row-tokens N (flat rows named with --only, N <= CONTEXT): every row holds N tokens while the
+//   cache, block table and plan are sized for CONTEXT, as in a vLLM engine whose max_model_len is
+//   CONTEXT serving shorter requests (the plan's max_blocks_per_seq comes from max_model_len).
+//   dense_ms is the dense kernel over the same N-token rows.
 //   --tokens-per-seq T (flat rows): speculative-decoding verification steps. The BATCH rows are
 //   BATCH / T sequences x T tokens: the T rows of a sequence share its block table and end at
 //   context - T + 1 ... context (each token attends causally, as the vLLM plugin runs them), so
@@ -341,6 +346,10 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   if (const std::string why = row_problem(m, ctx, B, T); !why.empty())
     return print_skip(m, ctx, B, why, o);
   RowData D(m, ctx, B, T);
+  if (o.row_tokens > 0) {  // shorter rows in a plan for ctx (main checked T == 1, N <= ctx)
+    for (int32_t& n : D.lens) n = int32_t(o.row_tokens);
+    CK(cudaMemcpy(D.dlens, D.lens.data(), D.lens.size() * 4, cudaMemcpyHostToDevice));
+  }
   const int64_t pages = D.pages, blocks = D.blocks;
   const size_t nb = D.nb, kv_bytes = D.kv_bytes;  // (page, KV head) pairs; one of K or V
   const CacheLayout& L = D.L;
@@ -350,7 +359,9 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   size_t full_pages = 0;
   for (int32_t n : D.lens) full_pages += size_t(n / kP);
   const size_t summ = full_pages * m.hkv * summary_bytes_per_page(sl);
-  const double dense_bytes = 2.0 * kv_bytes * T;  // the dense kernel: every row its whole cache
+  // The dense kernel: every row its whole cache (with --row-tokens, the rows' N tokens of it).
+  const double dense_bytes =
+      2.0 * kv_bytes * T * (o.row_tokens > 0 ? double(o.row_tokens) / double(ctx) : 1.0);
   const int reps = reps_for(dense_bytes, o.quick);
   cuda::SummaryBuilder builder(L, sl, cuda::Solver::warp_jacobi, blocks);
   D.build_summaries(builder);
@@ -456,6 +467,9 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
         m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes / locks_bytes,
         100 * floor_ms / t_locks, t_score, t_agg, t_sel, t_attn, launch_gap, t_build_step,
         100 * dense_bw / o.ceiling, 100 * score_bw / o.ceiling, 100 * attn_bw / o.ceiling, cluster);
+    if (o.row_tokens > 0)
+      std::printf("  rows of %d tokens in a cache, block table and plan for %lld tokens\n",
+                  o.row_tokens, (long long)ctx);
     if (T > 1)
       std::printf(
           "  verification step: %d sequences x %d tokens; the dense kernel over one row a "
@@ -734,6 +748,14 @@ int main(int argc, char** argv) {
       std::printf(")\n");
       return 2;
     }
+  }
+  if (o.row_tokens > 0 &&
+      (o.two_level || o.only_model.empty() || o.tokens_per_seq != 1 || o.row_tokens > o.only_ctx)) {
+    std::printf(
+        "--row-tokens %d: takes a flat row named with --only, at most its CONTEXT tokens, one "
+        "row a sequence\n",
+        o.row_tokens);
+    return 2;
   }
   if (o.tokens_per_seq != 1 && (o.two_level || o.only_model.empty())) {
     std::printf(

@@ -28,36 +28,14 @@ TEST(BenchArgs, EmptyCommandIsTheGrid) {
 
 TEST(BenchArgs, EveryOptionIsRead) {
   bench::Opts o;
-  ASSERT_EQ(parse({"out.csv",
-                   "--quick",
-                   "--two-level",
-                   "--S",
-                   "16",
-                   "--group-cluster",
-                   "4",
-                   "--alpha",
-                   "8.5",
-                   "--flat-below",
-                   "-1",
-                   "--score-chunk",
-                   "96",
-                   "--select-chunk",
-                   "2048",
-                   "--select-cluster",
-                   "-1",
-                   "--attn-pps",
-                   "8",
-                   "--tokens-per-seq",
-                   "4",
-                   "--ceiling",
-                   "4.4",
-                   "--tau",
-                   "0.9",
-                   "--pipeline",
-                   "2,6",
-                   "--only",
-                   "GLM",
-                   "1048576",
+  ASSERT_EQ(parse({"out.csv", "--quick",         "--two-level", "--S",
+                   "16",      "--group-cluster", "4",           "--alpha",
+                   "8.5",     "--flat-below",    "-1",          "--score-chunk",
+                   "96",      "--select-chunk",  "2048",        "--select-cluster",
+                   "-1",      "--attn-pps",      "8",           "--tokens-per-seq",
+                   "4",       "--row-tokens",    "131072",      "--ceiling",
+                   "4.4",     "--tau",           "0.9",         "--pipeline",
+                   "2,6",     "--only",          "GLM",         "1048576",
                    "8"},
                   &o),
             "");
@@ -72,6 +50,7 @@ TEST(BenchArgs, EveryOptionIsRead) {
   EXPECT_EQ(o.select_cluster, -1);
   EXPECT_EQ(o.attn_pps, 8);
   EXPECT_EQ(o.tokens_per_seq, 4);
+  EXPECT_EQ(o.row_tokens, 131072);
   EXPECT_DOUBLE_EQ(o.ceiling, 4.4);
   EXPECT_FLOAT_EQ(o.tau, 0.9f);
   EXPECT_EQ(o.pipeline, "2,6");
@@ -115,6 +94,8 @@ TEST(BenchArgs, MalformedCommandsAreRefused) {
       {{"--select-cluster", "-2"}, "--select-cluster takes an integer >= -1"},
       {{"--S", "0"}, "--S takes an integer >= 1"},
       {{"--tokens-per-seq", "0"}, "--tokens-per-seq takes an integer >= 1"},
+      {{"--row-tokens", "0"}, "--row-tokens takes an integer >= 1"},
+      {{"--row-tokens", "1e5"}, "--row-tokens takes an integer >= 1"},
       {{"--attn-pps", "8 "}, "--attn-pps takes an integer"},
       {{"--ceiling", "-1"}, "--ceiling takes a number >= 0"},
       {{"--ceiling", "nan"}, "--ceiling takes a number >= 0"},
