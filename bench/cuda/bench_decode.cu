@@ -33,7 +33,8 @@
 //   --row-tokens N (flat rows named with --only, N <= CONTEXT): every row holds N tokens while the
 //   cache, block table and plan are sized for CONTEXT, as in a vLLM engine whose max_model_len is
 //   CONTEXT serving shorter requests (the plan's max_blocks_per_seq comes from max_model_len).
-//   dense_ms is the dense kernel over the same N-token rows.
+//   dense_ms is the dense kernel over the same N-token rows. The CSV's row_tokens column holds
+//   N (CONTEXT without the option).
 //   --tokens-per-seq T (flat rows): speculative-decoding verification steps. The BATCH rows are
 //   BATCH / T sequences x T tokens: the T rows of a sequence share its block table and end at
 //   context - T + 1 ... context (each token attends causally, as the vLLM plugin runs them), so
@@ -527,11 +528,12 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
     if (o.csv)
       std::fprintf(o.csv,
                    "%s,%lld,%d,%.5f,%.5f,%.3f,%.0f,%.0f,%.3f,%.5f,%.2f,%.3f,%.5f,%.3f,%.5f,%.5f,"
-                   "%.5f,%.3f,%.5f,%.5f,%.4f,%.4f,%d,%d\n",
+                   "%.5f,%.3f,%.5f,%.5f,%.4f,%.4f,%d,%d,%lld\n",
                    m.name, (long long)ctx, B, t_dense, t_locks, t_dense / t_locks, dense_bytes,
                    locks_bytes, dense_bytes / locks_bytes, floor_ms, 100 * floor_ms / t_locks,
                    dense_bw, t_score, score_bw, t_agg, t_sel, t_attn, attn_bw, launch_gap,
-                   t_build_step, t_build_full, t_build_none, cluster, score_chunk);
+                   t_build_step, t_build_full, t_build_none, cluster, score_chunk,
+                   (long long)(o.row_tokens > 0 ? o.row_tokens : ctx));
 
     // Bulk build after a 128K prefill (batch 1): both solvers, and cost per page.
     if (ctx == 131072 && B == 1) {
@@ -788,7 +790,7 @@ int main(int argc, char** argv) {
                  "model,context,batch,dense_ms,locks_ms,time_ratio,dense_bytes,locks_bytes,"
                  "bytes_ratio,floor_ms,floor_pct,dense_TBps,score_ms,score_TBps,aggregate_ms,"
                  "select_ms,sparse_attn_ms,sparse_attn_TBps,launch_ms,build_step_ms,"
-                 "build_full_ms,build_none_ms,select_cluster,score_chunk_pages\n");
+                 "build_full_ms,build_none_ms,select_cluster,score_chunk_pages,row_tokens\n");
   std::printf("\n%-19s %8s %5s | %9s %9s %6s %6s %6s | %8s %7s %7s %7s %7s %7s | %6s %6s %6s %3s\n",
               "model", "context", "batch", "dense_ms", "locks_ms", "xtime", "xbytes", "floor%",
               "score_ms", "agg_ms", "sel_ms", "attn_ms", "launch", "build", "dense%", "score%",
