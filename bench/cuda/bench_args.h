@@ -137,6 +137,14 @@ inline std::string parse_args(int argc, const char* const* argv, Opts& o) {
     }
   }
   o.tau = float(tau);
+  // Options that take a flat row named with --only.
+  const bool flat_row = !o.two_level && !o.only_model.empty();
+  if (o.tokens_per_seq != 1 && !flat_row)
+    return "--tokens-per-seq " + std::to_string(o.tokens_per_seq) +
+           ": takes flat rows named with --only (not the grid, not --two-level)";
+  if (o.row_tokens > 0 && (!flat_row || o.tokens_per_seq != 1 || o.row_tokens > o.only_ctx))
+    return "--row-tokens " + std::to_string(o.row_tokens) +
+           ": takes a flat row named with --only, at most its CONTEXT tokens, one row a sequence";
   return "";
 }
 

@@ -751,21 +751,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.row_tokens > 0 &&
-      (o.two_level || o.only_model.empty() || o.tokens_per_seq != 1 || o.row_tokens > o.only_ctx)) {
-    std::printf(
-        "--row-tokens %d: takes a flat row named with --only, at most its CONTEXT tokens, one "
-        "row a sequence\n",
-        o.row_tokens);
-    return 2;
-  }
-  if (o.tokens_per_seq != 1 && (o.two_level || o.only_model.empty())) {
-    std::printf(
-        "--tokens-per-seq %d: takes flat rows named with --only (not the grid, not "
-        "--two-level)\n",
-        o.tokens_per_seq);
-    return 2;
-  }
   if (!o.csv_path.empty() && (o.csv = std::fopen(o.csv_path.c_str(), "w")) == nullptr) {
     std::fprintf(stderr, "locks_bench_cuda: cannot write the CSV file '%s'\n", o.csv_path.c_str());
     return 2;

@@ -32,8 +32,7 @@ TEST(BenchArgs, EveryOptionIsRead) {
                    "16",      "--group-cluster", "4",           "--alpha",
                    "8.5",     "--flat-below",    "-1",          "--score-chunk",
                    "96",      "--select-chunk",  "2048",        "--select-cluster",
-                   "-1",      "--attn-pps",      "8",           "--tokens-per-seq",
-                   "4",       "--row-tokens",    "131072",      "--ceiling",
+                   "-1",      "--attn-pps",      "8",           "--ceiling",
                    "4.4",     "--tau",           "0.9",         "--pipeline",
                    "2,6",     "--only",          "GLM",         "1048576",
                    "8"},
@@ -49,14 +48,26 @@ TEST(BenchArgs, EveryOptionIsRead) {
   EXPECT_EQ(o.select_chunk, 2048);
   EXPECT_EQ(o.select_cluster, -1);
   EXPECT_EQ(o.attn_pps, 8);
-  EXPECT_EQ(o.tokens_per_seq, 4);
-  EXPECT_EQ(o.row_tokens, 131072);
   EXPECT_DOUBLE_EQ(o.ceiling, 4.4);
   EXPECT_FLOAT_EQ(o.tau, 0.9f);
   EXPECT_EQ(o.pipeline, "2,6");
   EXPECT_EQ(o.only_model, "GLM");
   EXPECT_EQ(o.only_ctx, 1048576);
   EXPECT_EQ(o.only_batch, 8);
+}
+
+// --tokens-per-seq and --row-tokens take a flat row named with --only (and one row a sequence
+// for --row-tokens).
+TEST(BenchArgs, FlatRowOptionsAreRead) {
+  bench::Opts o;
+  ASSERT_EQ(parse({"--only", "GLM", "1048576", "8", "--tokens-per-seq", "4"}, &o), "");
+  EXPECT_EQ(o.tokens_per_seq, 4);
+  EXPECT_EQ(o.row_tokens, 0);
+  ASSERT_EQ(parse({"--row-tokens", "131072", "--only", "GLM", "1048576", "8"}, &o), "");
+  EXPECT_EQ(o.row_tokens, 131072);
+  EXPECT_EQ(o.tokens_per_seq, 1);
+  ASSERT_EQ(parse({"--only", "GLM", "131072", "1", "--row-tokens", "131072"}, &o), "");
+  EXPECT_EQ(o.row_tokens, 131072);  // N == CONTEXT is allowed
 }
 
 TEST(BenchArgs, OnlyWithoutCsvPath) {
@@ -96,6 +107,15 @@ TEST(BenchArgs, MalformedCommandsAreRefused) {
       {{"--tokens-per-seq", "0"}, "--tokens-per-seq takes an integer >= 1"},
       {{"--row-tokens", "0"}, "--row-tokens takes an integer >= 1"},
       {{"--row-tokens", "1e5"}, "--row-tokens takes an integer >= 1"},
+      {{"--tokens-per-seq", "4"}, "--tokens-per-seq 4: takes flat rows named with --only"},
+      {{"--two-level", "--only", "GLM", "1024", "8", "--tokens-per-seq", "4"},
+       "--tokens-per-seq 4: takes flat rows"},
+      {{"--row-tokens", "1024"}, "--row-tokens 1024: takes a flat row named with --only"},
+      {{"--only", "GLM", "1024", "1", "--row-tokens", "2048"}, "at most its CONTEXT tokens"},
+      {{"--only", "GLM", "4096", "4", "--tokens-per-seq", "2", "--row-tokens", "1024"},
+       "--row-tokens 1024: takes a flat row"},
+      {{"--two-level", "--only", "GLM", "4096", "1", "--row-tokens", "1024"},
+       "--row-tokens 1024: takes a flat row"},
       {{"--attn-pps", "8 "}, "--attn-pps takes an integer"},
       {{"--ceiling", "-1"}, "--ceiling takes a number >= 0"},
       {{"--ceiling", "nan"}, "--ceiling takes a number >= 0"},
