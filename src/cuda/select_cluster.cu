@@ -155,7 +155,10 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       }
     }
   } else {
-    for (int j = j0 + int(threadIdx.x); j < j1; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
+    // Only the candidates' keys are read below (pages [sink_end, recent_start)): not those past
+    // the row, which a plan for longer rows holds most of.
+    const int jk = min(j1, r.recent_start);
+    for (int j = j0 + int(threadIdx.x); j < jk; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
     cluster.barrier_wait();
   }
   // Every push addressed to this block so far (the LSEs) has landed.
