@@ -11,6 +11,7 @@
 #include "aggregate_common.cuh"
 #include "common.cuh"
 #include "kernels.cuh"
+#include "locks/cuda/limits.h"
 
 namespace locks::cuda::detail {
 namespace {
@@ -71,10 +72,14 @@ template <bool kFused, int kPagesPerThread>
 __global__ void __launch_bounds__(kThreads)
     aggregate_kernel(const float* __restrict__ hs, float* __restrict__ head_lse,
                      const float* __restrict__ chunk_lse, int n_chunks, int n_used, int M, int Hq,
-                     int Hkv, float* __restrict__ gs) {
+                     int Hkv, const int32_t* __restrict__ seq_lens, float* __restrict__ gs) {
   __shared__ float lse[kMaxGroup];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
+  // Pages from the row's full pages on have -inf head scores (the scorer writes them so): their
+  // group score is -inf without reading them (the same bits; rows shorter than the plan's M).
+  const int len = seq_lens[b];
+  const int jn = len >= 1 && len <= M * limits::kPageSize ? len / limits::kPageSize : 0;
   if constexpr (kFused) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < G; g += kThreads / 32) {
@@ -96,7 +101,8 @@ __global__ void __launch_bounds__(kThreads)
     // 4-page path measured 2-3 us slower here at GLM 1M batch 1); the same bits.
     const int j = tile * kThreads + threadIdx.x;
     if (j >= M) return;
-    const float out = group_score(hs + (int64_t(b) * Hq + h * G) * M + j, M, lse, G);
+    const float out =
+        j < jn ? group_score(hs + (int64_t(b) * Hq + h * G) * M + j, M, lse, G) : kNegInf;
     gs[(int64_t(b) * Hkv + h) * M + j] = out;
     return;
   }
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     const float lg = lse[g];
 #pragma unroll
     for (int p = 0; p < kPagesPerThread; ++p) {
-      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      const float x = j0 + p * kThreads < jn ? s[int64_t(g) * M + p * kThreads] : kNegInf;
       if (lg != kNegInf && x != kNegInf) m[p] = fmaxf(m[p], x - lg);
     }
   }
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int p = 0; p < kPagesPerThread; ++p) {
       // Selects, not branches, so the loads issue together; adding the exact 0 of a skipped
       // head leaves the sum's bits as they were. (m[p] = -inf: every head skipped.)
-      const float x = j0 + p * kThreads < M ? s[int64_t(g) * M + p * kThreads] : kNegInf;
+      const float x = j0 + p * kThreads < jn ? s[int64_t(g) * M + p * kThreads] : kNegInf;
       const bool take = m[p] != kNegInf && lg != kNegInf && x != kNegInf;
       const float e = expf(x - lg - m[p]);
       sum[p] += take ? e : 0.0f;
@@ -139,19 +145,19 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kPPT>
 void launch_aggregate_t(const float* head_scores, const float* chunk_lse, int n_chunks, int used,
-                        int M, int batch_size, int Hq, int Hkv, float* head_lse,
-                        float* group_scores, cudaStream_t st) {
+                        int M, int batch_size, int Hq, int Hkv, const int32_t* seq_lens,
+                        float* head_lse, float* group_scores, cudaStream_t st) {
   const dim3 grid(unsigned(ceil_div(M, kThreads * kPPT)), unsigned(Hkv), unsigned(batch_size));
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
   if (used <= kFusedAlwaysChunks || (used <= kFusedMaxChunks && blocks <= kFusedSmallGrid)) {
     launch_kernel(aggregate_kernel<true, kPPT>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-                  chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+                  chunk_lse, n_chunks, used, M, Hq, Hkv, seq_lens, group_scores);
     return;
   }
   launch_kernel(lse_kernel, dim3(unsigned(Hq), unsigned(batch_size)), dim3(kThreads), 0, st,
                 chunk_lse, n_chunks, used, head_lse);
   launch_kernel(aggregate_kernel<false, kPPT>, grid, dim3(kThreads), 0, st, head_scores, head_lse,
-                chunk_lse, n_chunks, used, M, Hq, Hkv, group_scores);
+                chunk_lse, n_chunks, used, M, Hq, Hkv, seq_lens, group_scores);
 }
 
 }  // namespace
@@ -164,10 +170,10 @@ void launch_aggregate(const float* head_scores, const float* chunk_lse, int n_ch
   const int64_t one_page_blocks = int64_t(ceil_div(M, kThreads)) * Hkv * batch.batch_size;
   if (one_page_blocks > kManyBlocks)
     launch_aggregate_t<4>(head_scores, chunk_lse, n_chunks, used, M, batch.batch_size, Hq, Hkv,
-                          head_lse, group_scores, st);
+                          batch.seq_lens, head_lse, group_scores, st);
   else
     launch_aggregate_t<1>(head_scores, chunk_lse, n_chunks, used, M, batch.batch_size, Hq, Hkv,
-                          head_lse, group_scores, st);
+                          batch.seq_lens, head_lse, group_scores, st);
 }
 
 }  // namespace locks::cuda::detail

@@ -71,5 +71,23 @@ __device__ void write_chunk(const float* sc, int cp, int G, int b, int hq0, int 
   }
 }
 
+// A chunk that holds none of the row's full pages: its G heads' scores are -inf and its LSE
+// partials (-inf, 0), what write_chunk writes for a chunk of -inf scores (the same bits), without
+// the query's fragments. A step planned for long rows (a vLLM engine's max_model_len) serving
+// short ones launches mostly such chunks.
+__device__ void write_empty_chunk(int cp, int G, int b, int hq0, int Hq, int M, int chunk,
+                                  int n_chunks, float* head_scores, float* chunk_lse) {
+  const int j0 = chunk * cp;
+  for (int e = threadIdx.x; e < G * cp; e += blockDim.x) {
+    const int g = e / cp, jj = e % cp;
+    if (j0 + jj < M) head_scores[(int64_t(b) * Hq + hq0 + g) * M + j0 + jj] = kNegInf;
+  }
+  for (int g = threadIdx.x; g < G; g += blockDim.x) {
+    float* o = chunk_lse + ((int64_t(b) * Hq + hq0 + g) * n_chunks + chunk) * 2;
+    o[0] = kNegInf;
+    o[1] = 0.0f;
+  }
+}
+
 }  // namespace
 }  // namespace locks::cuda::detail

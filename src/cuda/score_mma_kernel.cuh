@@ -241,6 +241,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
       load_query(__half{});
   }
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
+  // A chunk past the row's full pages (block-uniform): -inf scores and partials, no query work.
+  if (chunk * CP >= n_full) {
+    write_empty_chunk(CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+    return;
+  }
   Stage<D, NG>* my = stages + 2 * warp;
   // Block ids of the warp's pages: lane l holds page jw + l (-1 past the full pages).
   const int32_t blk_raw = (lane < ppw && jw + lane < n_full) ? blk_pre : -1;

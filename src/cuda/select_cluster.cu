@@ -97,10 +97,14 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     constexpr bool kEarly = kG <= 8;
     float x0[kEarly ? kG : 1], x1[kEarly ? kG : 1];
     const int jf = j0 + int(threadIdx.x), jf2 = jf + kThreads;
+    // Pages from the row's full pages on (r.full) have -inf head scores (the scorer writes them
+    // so): their group score is -inf without a load (the same bits; rows shorter than the
+    // plan's M, e.g. a vLLM engine's max_model_len).
+    const int jn = min(j1, r.full);
     if constexpr (kEarly) {
-      if (jf < j1) {
+      if (jf < jn) {
         load_head_scores<kG>(hrow0 + jf, a.M, G, x0);
-        load_head_scores<kG>(hrow0 + min(jf2, j1 - 1), a.M, G, x1);
+        load_head_scores<kG>(hrow0 + min(jf2, jn - 1), a.M, G, x1);
       }
     }
     bool waited = false;
@@ -134,14 +138,14 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       bool loaded = false;  // this iteration's head scores already in registers
       if constexpr (kEarly) {
         if (j == jf) {
-          s0 = group_score_of<kG>(x0, cs.lse, G);
-          s1 = group_score_of<kG>(x1, cs.lse, G);
+          s0 = j < jn ? group_score_of<kG>(x0, cs.lse, G) : kNegInf;
+          s1 = j2 < jn ? group_score_of<kG>(x1, cs.lse, G) : kNegInf;
           loaded = true;
         }
       }
       if (!loaded) {
-        s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
-        s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
+        s0 = j < jn ? group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G) : kNegInf;
+        s1 = j2 < jn ? group_score_batched<kG>(hrow0 + min(j2, jn - 1), a.M, cs.lse, G) : kNegInf;
       }
       grow[j] = s0;
       cs.keys[j - j0] = float_key(s0);
@@ -151,7 +155,10 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       }
     }
   } else {
-    for (int j = j0 + int(threadIdx.x); j < j1; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
+    // Only the candidates' keys are read below (pages [sink_end, recent_start)): not those past
+    // the row, which a plan for longer rows holds most of.
+    const int jk = min(j1, r.recent_start);
+    for (int j = j0 + int(threadIdx.x); j < jk; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
     cluster.barrier_wait();
   }
   // Every push addressed to this block so far (the LSEs) has landed.
