@@ -43,25 +43,23 @@ __device__ __forceinline__ float pow2_normaliser(float mx) {
   return __uint_as_float(uint32_t(127 - e) << 23);
 }
 
-// Writes the chunk's scores (smem sc[g][kScoreChunk], the first cp columns used) of the G
-// query heads hq0 .. hq0 + G - 1 to head_scores and the chunk LSE partials; cp = pages of
-// the chunk.
-__device__ void write_chunk(const float* sc, int cp, int G, int b, int hq0, int Hq, int M,
+// Writes the chunk's scores (smem sc[g][ld], the first cp columns used) of the G query heads
+// hq0 .. hq0 + G - 1 to head_scores and the chunk LSE partials; cp = pages of the chunk.
+__device__ void write_chunk(const float* sc, int ld, int cp, int G, int b, int hq0, int Hq, int M,
                             int chunk, int n_chunks, float* head_scores, float* chunk_lse) {
   const int j0 = chunk * cp;
   for (int e = threadIdx.x; e < G * cp; e += blockDim.x) {
     const int g = e / cp, jj = e % cp;
-    if (j0 + jj < M)
-      head_scores[(int64_t(b) * Hq + hq0 + g) * M + j0 + jj] = sc[g * kScoreChunk + jj];
+    if (j0 + jj < M) head_scores[(int64_t(b) * Hq + hq0 + g) * M + j0 + jj] = sc[g * ld + jj];
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int g = warp; g < G; g += nw) {
     float m = kNegInf;
-    for (int jj = lane; jj < cp; jj += 32) m = fmaxf(m, sc[g * kScoreChunk + jj]);
+    for (int jj = lane; jj < cp; jj += 32) m = fmaxf(m, sc[g * ld + jj]);
     m = warp_max(m);
     float l = 0.0f;
     if (m != kNegInf)
-      for (int jj = lane; jj < cp; jj += 32) l += __expf(sc[g * kScoreChunk + jj] - m);
+      for (int jj = lane; jj < cp; jj += 32) l += __expf(sc[g * ld + jj] - m);
     l = warp_sum(l);
     if (lane == 0) {
       float* o = chunk_lse + ((int64_t(b) * Hq + hq0 + g) * n_chunks + chunk) * 2;

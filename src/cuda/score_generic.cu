@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     __syncwarp();
   }
   __syncthreads();
-  write_chunk(sc, kScoreChunk, G, b, h * G, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, kScoreChunk, kScoreChunk, G, b, h * G, Hq, M, chunk, n_chunks, head_scores,
+              chunk_lse);
 }
 
 }  // namespace

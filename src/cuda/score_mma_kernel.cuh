@@ -170,8 +170,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   constexpr int ppw = CP / kMmaWarps;  // pages per warp: 32, 24, 16 or 8
   constexpr int n_st = ppw / kSP;      // stages of the warp
   // The query rows (read once, to build the fragments) share their shared memory with the
-  // chunk's scores (written from the stage loop on, after a barrier).
-  constexpr int kQsc = GMAX * (D + 4) > GMAX * kScoreChunk ? GMAX * (D + 4) : GMAX * kScoreChunk;
+  // chunk's scores (written from the stage loop on, after a barrier). A score row is padded to
+  // an odd number of words: the stage loop stores one page's G head scores at once (G rows,
+  // one column), which a stride of 128 words put in one bank (a G-way conflict: 16 wavefronts
+  // a store at G 16; ncu counted 36% of the kernel's shared wavefronts excessive).
+  constexpr int kScLd = kScoreChunk + 1;
+  constexpr int kQsc = GMAX * (D + 4) > GMAX * kScLd ? GMAX * (D + 4) : GMAX * kScLd;
   __shared__ float qsc[kQsc];
   float(*qs)[D + 4] = reinterpret_cast<float(*)[D + 4]>(qsc);
   float* sc = qsc;
@@ -335,9 +339,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
 
   for (int s = 0; s < n_st; ++s) {
     const int j0 = jw + kSP * s;
-    float* scw = sc + warp * ppw + kSP * s;  // sc[g * 128 + ...]
+    float* scw = sc + warp * ppw + kSP * s;  // sc[g * kScLd + ...]
     if (s >= n_stages) {                     // warp-uniform: nothing of the sequence here
-      for (int e = lane; e < GMAX * kSP; e += 32) scw[(e / kSP) * kScoreChunk + e % kSP] = kNegInf;
+      for (int e = lane; e < GMAX * kSP; e += 32) scw[(e / kSP) * kScLd + e % kSP] = kNegInf;
       continue;
     }
     cp_async_wait<1>();
@@ -570,9 +574,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
           const bool second = tig == 1;
           const int jj = t * PM + (second ? plB : plA), g = second ? gB : gA;
           const float l = second ? lB : lA, sh = second ? sB : sA;
-          scw[g * kScoreChunk + jj] = j0 + jj < n_full && !((bad_pages >> (kSP * s + jj)) & 1u)
-                                          ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2
-                                          : kNegInf;
+          scw[g * kScLd + jj] = j0 + jj < n_full && !((bad_pages >> (kSP * s + jj)) & 1u)
+                                    ? (mt[warp][jj][g] + sh + __log2f(l)) * kLn2
+                                    : kNegInf;
         }
       }
     }
@@ -581,7 +585,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
   }
   cp_async_wait<0>();
   __syncthreads();
-  write_chunk(sc, CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+  write_chunk(sc, kScLd, CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
 }
 
 template <int D, int NG = 1>
