@@ -4,7 +4,8 @@
 // and their dependent round trips, not bytes, set the time (v17, docs/cuda_notes.md).
 //
 // One thread-block cluster of `cs` blocks (1-16) per (KV head, sequence); block c owns pages
-// [c * span, (c + 1) * span) of the row (span <= kSelectChunk, keys in shared memory). Each
+// [c * span, (c + 1) * span) of the row's full pages (span = ceil(full / cs) <= kSelectChunk,
+// keys in shared memory). Each
 // block: the LSEs of its share of the G heads from the scoring partials (lse_kernel's
 // order: the same bits), pushed to every block, the group scores of its pages
 // (aggregate_kernel's arithmetic: the same bits, also written to group_scores), then a radix select
@@ -45,7 +46,7 @@ struct ClusterSmem {
 struct ClusterArgs {
   const float* hs;         // head scores [B, Hq, M]
   const float* chunk_lse;  // [B, Hq, n_chunks, 2]
-  int n_chunks, n_used, Hq, M, P, span, cap;
+  int n_chunks, n_used, Hq, M, P, cap;
   SelectConfig cfg;
   const int32_t* seq_lens;
   float* head_lse;  // [B, Hq]
@@ -85,7 +86,13 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   cluster.barrier_arrive();  // inits and cleared buffers published; waited for before any push
 
   const Rules r = rules_for(a.seq_lens[b], a.P, a.M, a.cfg);
-  const int j0 = rank * a.span, j1 = min(a.M, j0 + a.span);
+  // The blocks share the row's own full pages (r.full), not the plan's M: a row shorter than
+  // the plan (a vLLM engine's max_model_len, a ragged batch) keeps every block of its cluster
+  // busy instead of leaving its pages to the first few. Pages from r.full on have -inf group
+  // scores. Block ranks still own contiguous ranges in rank order, so the compaction's offsets
+  // and the list are the same. (r.full <= M <= cs * kSelectChunk: a share fits the keys.)
+  const int span = (r.full + n_ranks - 1) / n_ranks;
+  const int j0 = min(rank * span, r.full), j1 = min(r.full, j0 + span);
   float* grow = a.gs + row * a.M;
   if constexpr (kFused) {
     // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
@@ -97,14 +104,10 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     constexpr bool kEarly = kG <= 8;
     float x0[kEarly ? kG : 1], x1[kEarly ? kG : 1];
     const int jf = j0 + int(threadIdx.x), jf2 = jf + kThreads;
-    // Pages from the row's full pages on (r.full) have -inf head scores (the scorer writes them
-    // so): their group score is -inf without a load (the same bits; rows shorter than the
-    // plan's M, e.g. a vLLM engine's max_model_len).
-    const int jn = min(j1, r.full);
     if constexpr (kEarly) {
-      if (jf < jn) {
+      if (jf < j1) {
         load_head_scores<kG>(hrow0 + jf, a.M, G, x0);
-        load_head_scores<kG>(hrow0 + min(jf2, jn - 1), a.M, G, x1);
+        load_head_scores<kG>(hrow0 + min(jf2, j1 - 1), a.M, G, x1);
       }
     }
     bool waited = false;
@@ -138,14 +141,14 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
       bool loaded = false;  // this iteration's head scores already in registers
       if constexpr (kEarly) {
         if (j == jf) {
-          s0 = j < jn ? group_score_of<kG>(x0, cs.lse, G) : kNegInf;
-          s1 = j2 < jn ? group_score_of<kG>(x1, cs.lse, G) : kNegInf;
+          s0 = group_score_of<kG>(x0, cs.lse, G);
+          s1 = group_score_of<kG>(x1, cs.lse, G);
           loaded = true;
         }
       }
       if (!loaded) {
-        s0 = j < jn ? group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G) : kNegInf;
-        s1 = j2 < jn ? group_score_batched<kG>(hrow0 + min(j2, jn - 1), a.M, cs.lse, G) : kNegInf;
+        s0 = group_score_batched<kG>(hrow0 + j, a.M, cs.lse, G);
+        s1 = group_score_batched<kG>(hrow0 + min(j2, j1 - 1), a.M, cs.lse, G);
       }
       grow[j] = s0;
       cs.keys[j - j0] = float_key(s0);
@@ -154,9 +157,13 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
         cs.keys[j2 - j0] = float_key(s1);
       }
     }
+    // Past the row's full pages: -inf (the scorer's head scores there are -inf, so this is what
+    // the aggregation gives), without loading them; split over the blocks.
+    const int tail = (a.M - r.full + n_ranks - 1) / n_ranks;
+    const int t0 = r.full + rank * tail, t1 = min(a.M, t0 + tail);
+    for (int j = t0 + int(threadIdx.x); j < t1; j += kThreads) grow[j] = kNegInf;
   } else {
-    // Only the candidates' keys are read below (pages [sink_end, recent_start)): not those past
-    // the row, which a plan for longer rows holds most of.
+    // Only the candidates' keys are read below (pages [sink_end, recent_start)).
     const int jk = min(j1, r.recent_start);
     for (int j = j0 + int(threadIdx.x); j < jk; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
     cluster.barrier_wait();
@@ -292,21 +299,10 @@ void launch_aggregate_select(const float* head_scores, const float* chunk_lse, i
   LOCKS_REQUIRE(
       cluster >= 1 && cluster <= kMaxSelectCluster && int64_t(cluster) * kSelectChunk >= M,
       "selection cluster of ", cluster, " blocks for ", M, " pages");
-  ClusterArgs a{head_scores,
-                chunk_lse,
-                n_chunks,
-                ceil_div(M, chunk_pages),
-                Hq,
-                M,
-                P,
-                ceil_div(M, cluster),
-                out.capacity,
-                cfg,
-                batch.seq_lens,
-                head_lse,
-                group_scores,
-                out.pages,
-                out.counts};
+  ClusterArgs a{
+      head_scores, chunk_lse,    n_chunks, ceil_div(M, chunk_pages), Hq,       M,
+      P,           out.capacity, cfg,      batch.seq_lens,           head_lse, group_scores,
+      out.pages,   out.counts};
   const ClusterLaunch cl(dim3(unsigned(cluster), unsigned(Hkv), unsigned(batch.batch_size)),
                          cluster, st);
   // Up to 8 blocks a row (512K tokens) the aggregation runs inside; with 16 (1M tokens), the
