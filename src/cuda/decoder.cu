@@ -178,16 +178,26 @@ DecodePlan plan_decode(const DecodeParams& params) {
   return plan;
 }
 
+namespace {
+// The scoring launch of score_pages and of the step. whole_rows: score_pages' output is written
+// whole (-inf past each row's full pages); the step's own buffer need not be (launch_score).
+void launch_scores(const DecodePlan& plan, Workspace ws, const SummaryView& s,
+                   const BatchView& batch, const QueryView& q, float* head_scores, bool whole_rows,
+                   cudaStream_t st) {
+  detail::launch_score(s, batch, detail::q_in(q, plan.params.cache.head_dim),
+                       plan.params.num_q_heads, plan.params.scale, head_scores,
+                       region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks,
+                       plan.score_chunk_pages, st, 0, whole_rows);
+}
+}  // namespace
+
 void score_pages(const DecodePlan& plan, Workspace ws, const SummaryView& s, const BatchView& batch,
                  const QueryView& q, float* head_scores, cudaStream_t st) {
   check_call(plan, ws, batch, __func__);
   check_summaries(plan, s, __func__);
   locks::detail::check_run_query(plan, q, __func__);
   LOCKS_REQUIRE(head_scores != nullptr, "head_scores is null");
-  detail::launch_score(s, batch, detail::q_in(q, plan.params.cache.head_dim),
-                       plan.params.num_q_heads, plan.params.scale, head_scores,
-                       region_ptr<float>(ws, plan.chunk_lse), plan.score_chunks,
-                       plan.score_chunk_pages, st);
+  launch_scores(plan, ws, s, batch, q, head_scores, true, st);
 }
 
 void aggregate_gqa(const DecodePlan& plan, Workspace ws, const BatchView& batch,
@@ -269,7 +279,9 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                 plan.capacity);
   float* hs = region_ptr<float>(ws, plan.head_scores);
   float* gs = region_ptr<float>(ws, plan.group_scores);
-  score_pages(plan, ws, summaries, batch, q, hs, st);
+  // (Checked above: the call, the summaries, the query.) The head scores stay in the workspace
+  // and the aggregation reads only each row's full pages, so they are not written past them.
+  launch_scores(plan, ws, summaries, batch, q, hs, false, st);
   aggregate_select(plan, ws, batch, hs, gs, sel, st);
   attend(plan, ws, cache, batch, q, &sel, out, st);
 }

@@ -26,10 +26,13 @@ inline int select_chunk_pages(int64_t max_pages) { return max_pages <= 16384 ? 2
 // chunk of chunk_pages pages (128, or 64 / 32 on the tensor-core path; see
 // score_chunk_pages). bt_head_stride: KV head h reads its block ids at
 // block_table[b * stride + h * bt_head_stride + j] (0: one row a sequence; the two-level
-// step's per-head page lists: list_cap).
+// step's per-head page lists: list_cap). whole_rows false: the tensor-core kernel leaves the
+// head scores of chunks past a row's full pages unwritten (a step's own workspace, whose
+// aggregation reads only a row's full pages; a step planned for rows longer than it serves
+// would otherwise write -inf over most of the buffer); an op's output is written whole.
 void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int num_q_heads, float scale,
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  cudaStream_t st, int64_t bt_head_stride = 0);
+                  cudaStream_t st, int64_t bt_head_stride = 0, bool whole_rows = true);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU; where
 // 128 leaves a partial second wave, the one of 128 / 96 / 64 with the fewest waves x pages.

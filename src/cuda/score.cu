@@ -27,7 +27,7 @@ bool score_uses_tensor_cores(const SummaryLayout& s, int group) {
 
 void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  cudaStream_t st, int64_t bt_head_stride) {
+                  cudaStream_t st, int64_t bt_head_stride, bool whole_rows) {
   const SummaryLayout& L = s.layout;
   LOCKS_REQUIRE(score_chunk_supported(chunk_pages), "score chunk of ", chunk_pages, " pages");
   if (score_uses_tensor_cores(L, Hq / L.num_kv_heads)) {
@@ -36,9 +36,10 @@ void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int Hq, f
     LOCKS_REQUIRE(a16(s.basis_scale) && a16(s.coeff_scale),
                   "tensor-core scoring needs 16-byte aligned basis_scale and coeff_scale");
     launch_score_mma(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
-                     bt_head_stride);
+                     bt_head_stride, whole_rows);
   } else {
     LOCKS_REQUIRE(chunk_pages == kScoreChunk, "the CUDA-core scoring path uses 128-page chunks");
+    // (It writes every row whole: it is not on the int4 rank-8 path of the served models.)
     launch_score_generic(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, st,
                          bt_head_stride);
   }

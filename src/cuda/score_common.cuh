@@ -72,11 +72,11 @@ __device__ void write_chunk(const float* sc, int ld, int cp, int G, int b, int h
 // A chunk that holds none of the row's full pages: its G heads' scores are -inf and its LSE
 // partials (-inf, 0), what write_chunk writes for a chunk of -inf scores (the same bits), without
 // the query's fragments. A step planned for long rows (a vLLM engine's max_model_len) serving
-// short ones launches mostly such chunks.
+// short ones launches mostly such chunks. head_scores == nullptr: the partials alone.
 __device__ void write_empty_chunk(int cp, int G, int b, int hq0, int Hq, int M, int chunk,
                                   int n_chunks, float* head_scores, float* chunk_lse) {
   const int j0 = chunk * cp;
-  for (int e = threadIdx.x; e < G * cp; e += blockDim.x) {
+  for (int e = threadIdx.x; head_scores && e < G * cp; e += blockDim.x) {
     const int g = e / cp, jj = e % cp;
     if (j0 + jj < M) head_scores[(int64_t(b) * Hq + hq0 + g) * M + j0 + jj] = kNegInf;
   }

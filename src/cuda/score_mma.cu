@@ -12,13 +12,13 @@ void prepare_score_mma() {
 
 void launch_score_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                       float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                      cudaStream_t st, int64_t bths) {
+                      cudaStream_t st, int64_t bths, bool whole) {
   if (contiguous_f32(q, Hq, s.layout.head_dim))
     launch_score_mma_fp32(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
-                          bths);
+                          bths, whole);
   else
     launch_mma_q<true>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
-                       bths);
+                       bths, whole);
 }
 
 }  // namespace locks::cuda::detail

@@ -22,9 +22,9 @@ void prepare_score_mma_fp32() { prepare_mma_q<false>(); }
 
 void launch_score_mma_fp32(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                            float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                           cudaStream_t st, int64_t bths) {
+                           cudaStream_t st, int64_t bths, bool whole) {
   launch_mma_q<false>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages, st,
-                      bths);
+                      bths, whole);
 }
 
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms) {

@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     score_mma(SumView S, int H, const int32_t* __restrict__ block_table, int64_t bt_stride,
               int64_t bt_head_stride, const int32_t* __restrict__ seq_lens, int M,
               const float* __restrict__ q, QIn q16, int Hq, float scale, float* head_scores,
-              float* chunk_lse, int n_chunks, int n_sl, int gw) {
+              float* chunk_lse, int n_chunks, int n_sl, int gw, bool whole) {
   constexpr int KS = D / 16;       // k-steps over the head dim
   constexpr int R = 8;             // rank
   constexpr int HPT = HL ? 4 : 8;  // heads per n-tile of the query
@@ -245,9 +245,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
       load_query(__half{});
   }
   const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
-  // A chunk past the row's full pages (block-uniform): -inf scores and partials, no query work.
+  // A chunk past the row's full pages (block-uniform): -inf partials, and -inf scores where the
+  // rows are to be written whole; no query work.
   if (chunk * CP >= n_full) {
-    write_empty_chunk(CP, gc, b, hq0, Hq, M, chunk, n_chunks, head_scores, chunk_lse);
+    write_empty_chunk(CP, gc, b, hq0, Hq, M, chunk, n_chunks, whole ? head_scores : nullptr,
+                      chunk_lse);
     return;
   }
   Stage<D, NG>* my = stages + 2 * warp;
@@ -603,7 +605,8 @@ HeadSlices mma_slices(int d, int group) { return head_slices(group, mma_max_head
 // halves of the instances compile in parallel.
 template <int D, int NT1, int CP, bool HL, int NG, bool QV>
 void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale, float* hs,
-                float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths) {
+                float* cl, int n_chunks, HeadSlices hsl, cudaStream_t st, int64_t bths,
+                bool whole) {
   const int H = s.layout.num_kv_heads;
   // KV heads (and their head slices) vary fastest across the grid, so the blocks in flight
   // read the summaries of all heads of the same pages (adjacent in memory) rather than one
@@ -613,67 +616,69 @@ void launch_mma(const SummaryView& s, const BatchView& batch, QIn q, int Hq, flo
   score_mma<D, NT1, CP, HL, NG, QV><<<grid, kMmaWarps * 32, mma_smem<D, NG>(), st>>>(
       sum_view(s), H, batch.block_table, batch.block_table_stride, bths, batch.seq_lens,
       batch.max_blocks_per_seq, static_cast<const float*>(q.p), q, Hq, scale, hs, cl, n_chunks,
-      hsl.n, hsl.width);
+      hsl.n, hsl.width, whole);
 }
 
 template <int D, int NT1, bool HL, int NG, bool QV>
 void launch_mma_cp(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                    float* hs, float* cl, int n_chunks, int cp, HeadSlices hsl, cudaStream_t st,
-                   int64_t bths) {
+                   int64_t bths, bool w) {
   if (cp == 128)
-    launch_mma<D, NT1, 128, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
+    launch_mma<D, NT1, 128, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths, w);
   else if (cp == 96)
-    launch_mma<D, NT1, 96, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
+    launch_mma<D, NT1, 96, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths, w);
   else if (cp == 64)
-    launch_mma<D, NT1, 64, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
+    launch_mma<D, NT1, 64, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths, w);
   else
-    launch_mma<D, NT1, 32, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths);
+    launch_mma<D, NT1, 32, HL, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, hsl, st, bths, w);
 }
 
 // The instance for a slice width: hi/lo with one n-tile of 4 heads (width <= 4, and d 256),
 // else the query rounded once with n-tiles of 8 heads (1 for width <= 8, 2 for <= 16).
 template <int D, int NG, bool QV>
 void launch_mma_g(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
-                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st, int64_t bths) {
+                  float* hs, float* cl, int n_chunks, int cp, cudaStream_t st, int64_t bths,
+                  bool w) {
   const HeadSlices hsl = mma_slices(D, Hq / s.layout.num_kv_heads);
   if constexpr (D == 256) {
-    launch_mma_cp<D, 1, true, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths);
+    launch_mma_cp<D, 1, true, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths,
+                                      w);
   } else {
     if (hsl.width <= 4)
-      launch_mma_cp<D, 1, true, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st,
-                                        bths);
+      launch_mma_cp<D, 1, true, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st, bths,
+                                        w);
     else if (hsl.width <= 8)
       launch_mma_cp<D, 1, false, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st,
-                                         bths);
+                                         bths, w);
     else
       launch_mma_cp<D, 2, false, NG, QV>(s, batch, q, Hq, scale, hs, cl, n_chunks, cp, hsl, st,
-                                         bths);
+                                         bths, w);
   }
 }
 
 template <bool QV>
 void launch_mma_q(const SummaryView& s, const BatchView& batch, QIn q, int Hq, float scale,
                   float* head_scores, float* chunk_lse, int n_chunks, int chunk_pages,
-                  cudaStream_t st, int64_t bths) {
+                  cudaStream_t st, int64_t bths, bool w) {
   const int d = s.layout.head_dim;
   const bool grouped = s.layout.basis_group != d;  // then 32 (score_uses_tensor_cores)
   LOCKS_REQUIRE(!grouped || (s.layout.basis_group == 32 && d >= 128),
                 "tensor-core scoring: basis_group ", s.layout.basis_group, " at head_dim ", d);
   if (d == 256 && grouped)
     launch_mma_g<256, 8, QV>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages,
-                             st, bths);
+                             st, bths, w);
   else if (d == 256)
     launch_mma_g<256, 1, QV>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages,
-                             st, bths);
+                             st, bths, w);
   else if (d == 128 && grouped)
     launch_mma_g<128, 4, QV>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages,
-                             st, bths);
+                             st, bths, w);
   else if (d == 128)
     launch_mma_g<128, 1, QV>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages,
-                             st, bths);
+                             st, bths, w);
   else
     launch_mma_g<64, 1, QV>(s, batch, q, Hq, scale, head_scores, chunk_lse, n_chunks, chunk_pages,
-                            st, bths);
+                            st, bths, w);
 }
 
 template <int D, int CP, int NG, bool QV>
