@@ -46,7 +46,7 @@ struct ClusterSmem {
 struct ClusterArgs {
   const float* hs;         // head scores [B, Hq, M]
   const float* chunk_lse;  // [B, Hq, n_chunks, 2]
-  int n_chunks, n_used, Hq, M, P, cap;
+  int n_chunks, n_used, Hq, M, P, span, cap;
   SelectConfig cfg;
   const int32_t* seq_lens;
   float* head_lse;  // [B, Hq]
@@ -85,14 +85,28 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   __syncthreads();
   cluster.barrier_arrive();  // inits and cleared buffers published; waited for before any push
 
-  const Rules r = rules_for(a.seq_lens[b], a.P, a.M, a.cfg);
-  // The blocks share the row's own full pages (r.full), not the plan's M: a row shorter than
-  // the plan (a vLLM engine's max_model_len, a ragged batch) keeps every block of its cluster
-  // busy instead of leaving its pages to the first few. Pages from r.full on have -inf group
-  // scores. Block ranks still own contiguous ranges in rank order, so the compaction's offsets
-  // and the list are the same. (r.full <= M <= cs * kSelectChunk: a share fits the keys.)
-  const int span = (r.full + n_ranks - 1) / n_ranks;
-  const int j0 = min(rank * span, r.full), j1 = min(r.full, j0 + span);
+  const int len = a.seq_lens[b];
+  // The plan's split of the row: block c, pages [c span, (c + 1) span) of M.
+  const int js0 = rank * a.span, js1 = min(a.M, js0 + a.span);
+  // This block's pages, [j0, j1): the plan's split where every block holds some of the row's
+  // full pages; else (a row much shorter than the plan's M: a vLLM engine's max_model_len, a
+  // ragged batch) the row's own full pages shared evenly, so that the cluster's blocks stay
+  // busy instead of leaving the row to the first few (at 128K tokens in a 1M plan, 2 of 16
+  // blocks of 4096 pages). Ranks own contiguous ranges in rank order either way, so the
+  // compaction's offsets and the list are the same. Computed after the LSE phase in the fused
+  // kernel: 4dcbfa4 computed it first, and its divide, waiting for the length's load, put the
+  // partials' loads ~50 instructions later (SASS); it measured +0.5-1 us at 128K batch 1-8
+  // (H100, 2026-12-07).
+  Rules r;
+  int j0 = 0, j1 = 0;
+  const auto split = [&] {
+    r = rules_for(len, a.P, a.M, a.cfg);
+    const bool by_plan = r.full > (n_ranks - 1) * a.span;
+    const int span = by_plan ? a.span : (r.full + n_ranks - 1) / n_ranks;
+    j0 = by_plan ? js0 : min(rank * span, r.full);
+    j1 = min(r.full, j0 + span);
+    return by_plan;
+  };
   float* grow = a.gs + row * a.M;
   if constexpr (kFused) {
     // 1. Head LSEs: block q reduces heads q, q + cs, ... (n_used partials each, lse_kernel's
@@ -100,14 +114,16 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     if (threadIdx.x == 0 && !solo) push_expect(&cs.lse_bar, uint32_t(G) * 4u);
     // The head scores of this thread's first two pages are loaded now, in flight while the
     // LSEs are reduced and exchanged (at G <= 8 the registers allow it; 16 and 32 load later).
+    // They are the plan's split's pages, loaded before the length is known: past the row's full
+    // pages they may be stale (the step's scorer does not write there) and go unused.
     const float* hrow0 = a.hs + (int64_t(b) * a.Hq + h * G) * a.M;
     constexpr bool kEarly = kG <= 8;
     float x0[kEarly ? kG : 1], x1[kEarly ? kG : 1];
-    const int jf = j0 + int(threadIdx.x), jf2 = jf + kThreads;
+    const int jf = js0 + int(threadIdx.x), jf2 = jf + kThreads;
     if constexpr (kEarly) {
-      if (jf < j1) {
+      if (jf < js1) {
         load_head_scores<kG>(hrow0 + jf, a.M, G, x0);
-        load_head_scores<kG>(hrow0 + min(jf2, j1 - 1), a.M, G, x1);
+        load_head_scores<kG>(hrow0 + min(jf2, js1 - 1), a.M, G, x1);
       }
     }
     bool waited = false;
@@ -135,12 +151,13 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
 
     // 2. Group scores of this block's pages, written out and kept as keys for the
     // candidates; two pages a thread at a time, both pages' loads in flight together.
-    for (int j = jf; j < j1; j += 2 * kThreads) {
+    const bool by_plan = split();
+    for (int j = j0 + int(threadIdx.x); j < j1; j += 2 * kThreads) {
       const int j2 = j + kThreads;
       float s0, s1;
       bool loaded = false;  // this iteration's head scores already in registers
       if constexpr (kEarly) {
-        if (j == jf) {
+        if (by_plan && j == jf) {
           s0 = group_score_of<kG>(x0, cs.lse, G);
           s1 = group_score_of<kG>(x1, cs.lse, G);
           loaded = true;
@@ -163,6 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
     const int t0 = r.full + rank * tail, t1 = min(a.M, t0 + tail);
     for (int j = t0 + int(threadIdx.x); j < t1; j += kThreads) grow[j] = kNegInf;
   } else {
+    split();
     // Only the candidates' keys are read below (pages [sink_end, recent_start)).
     const int jk = min(j1, r.recent_start);
     for (int j = j0 + int(threadIdx.x); j < jk; j += kThreads) cs.keys[j - j0] = float_key(grow[j]);
@@ -299,10 +317,21 @@ void launch_aggregate_select(const float* head_scores, const float* chunk_lse, i
   LOCKS_REQUIRE(
       cluster >= 1 && cluster <= kMaxSelectCluster && int64_t(cluster) * kSelectChunk >= M,
       "selection cluster of ", cluster, " blocks for ", M, " pages");
-  ClusterArgs a{
-      head_scores, chunk_lse,    n_chunks, ceil_div(M, chunk_pages), Hq,       M,
-      P,           out.capacity, cfg,      batch.seq_lens,           head_lse, group_scores,
-      out.pages,   out.counts};
+  ClusterArgs a{head_scores,
+                chunk_lse,
+                n_chunks,
+                ceil_div(M, chunk_pages),
+                Hq,
+                M,
+                P,
+                ceil_div(M, cluster),
+                out.capacity,
+                cfg,
+                batch.seq_lens,
+                head_lse,
+                group_scores,
+                out.pages,
+                out.counts};
   const ClusterLaunch cl(dim3(unsigned(cluster), unsigned(Hkv), unsigned(batch.batch_size)),
                          cluster, st);
   // Up to 8 blocks a row (512K tokens) the aggregation runs inside; with 16 (1M tokens), the
