@@ -88,6 +88,14 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
 // plan.select_cluster > 0; the same group scores and selection bit for bit).
 void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                       const float* head_scores, float* group_scores, const Selection& out);
+// The step's selection without its attention: score_pages then aggregate_select, the scores in
+// the plan's workspace (its head_scores and group_scores regions, the step's own), the lists in
+// out (capacity == plan.capacity): the same selection as the two ops. For an engine that runs
+// its own attention over the selection (the vLLM plugin). On CUDA the scores past a row's full
+// pages are not written (the workspace's, not an output), which a plan for rows longer than it
+// serves (an engine's max_model_len) would otherwise spend most of its scoring time on.
+void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                  const BatchView& batch, const QueryView& q, const Selection& out);
 // attention.h: sparse over sel (capacity <= plan.capacity), dense over every page.
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
@@ -148,6 +156,9 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
 void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                       const float* head_scores, float* group_scores, const Selection& out,
                       cudaStream_t stream);
+void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                  const BatchView& batch, const QueryView& q, const Selection& out,
+                  cudaStream_t stream);
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out, cudaStream_t stream);

@@ -34,15 +34,10 @@ struct CpuOps {
                                 const int32_t* slots, const locks::SummaryView* o, Stream) {
     locks::cpu::cache_write_slots(c, r, slots, o);
   }
-  static void score_pages(const locks::DecodePlan& p, locks::Workspace ws,
-                          const locks::SummaryView& s, const locks::BatchView& b,
-                          const locks::QueryView& q, float* head_scores, Stream) {
-    locks::cpu::score_pages(p, ws, s, b, q, head_scores);
-  }
-  static void aggregate_select(const locks::DecodePlan& p, locks::Workspace ws,
-                               const locks::BatchView& b, const float* hs, float* gs,
-                               const locks::Selection& sel, Stream) {
-    locks::cpu::aggregate_select(p, ws, b, hs, gs, sel);
+  static void score_select(const locks::DecodePlan& p, locks::Workspace ws,
+                           const locks::SummaryView& s, const locks::BatchView& b,
+                           const locks::QueryView& q, const locks::Selection& sel, Stream) {
+    locks::cpu::score_select(p, ws, s, b, q, sel);
   }
   static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
                            const locks::Selection& out, Stream) {

@@ -38,15 +38,10 @@ struct CudaOps {
                                 const int32_t* slots, const locks::SummaryView* o, Stream st) {
     locks::cuda::cache_write_slots(c, r, slots, o, st);
   }
-  static void score_pages(const locks::DecodePlan& p, locks::Workspace ws,
-                          const locks::SummaryView& s, const locks::BatchView& b,
-                          const locks::QueryView& q, float* head_scores, Stream st) {
-    locks::cuda::score_pages(p, ws, s, b, q, head_scores, st);
-  }
-  static void aggregate_select(const locks::DecodePlan& p, locks::Workspace ws,
-                               const locks::BatchView& b, const float* hs, float* gs,
-                               const locks::Selection& sel, Stream st) {
-    locks::cuda::aggregate_select(p, ws, b, hs, gs, sel, st);
+  static void score_select(const locks::DecodePlan& p, locks::Workspace ws,
+                           const locks::SummaryView& s, const locks::BatchView& b,
+                           const locks::QueryView& q, const locks::Selection& sel, Stream st) {
+    locks::cuda::score_select(p, ws, s, b, q, sel, st);
   }
   static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
                            const locks::Selection& out, Stream st) {

@@ -121,15 +121,8 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
   const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
   const locks::Selection sel =
       selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
-  // Scores live in the plan's workspace regions between the three calls (contract.h).
-  float* head_scores = region<float>(ws, plan.head_scores, "head_scores");
-  float* group_scores = region<float>(ws, plan.group_scores, "group_scores");
-  translate_errors([&] {
-    const auto st = B::stream(dev);
-    B::score_pages(plan, ws, s, batch, qv, head_scores, st);
-    // aggregate_gqa + select_pages, in one launch where the CUDA plan chose it (select_cluster)
-    B::aggregate_select(plan, ws, batch, head_scores, group_scores, sel, st);
-  });
+  // The scores live in the plan's workspace regions (contract.h, score_select).
+  translate_errors([&] { B::score_select(plan, ws, s, batch, qv, sel, B::stream(dev)); });
 }
 
 // A request's selection as each of its token rows' (request_rows.h): views, then one call.

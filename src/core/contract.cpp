@@ -100,6 +100,19 @@ void check_call(const DecodePlan& plan, const Workspace& ws, const BatchView& ba
   detail::check_run_batch(plan, batch, where);
 }
 
+// score -> aggregate -> select with the scores in the plan's workspace (score_select and the
+// step; the caller checked the call).
+void select_in_workspace(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                         const BatchView& batch, const QueryView& q, const Selection& out) {
+  const DecodeParams& p = plan.params;
+  const detail::ThreadScratch sc = thread_scratch(plan, ws);
+  float* hs = region_ptr<float>(ws, plan.head_scores);
+  float* gs = region_ptr<float>(ws, plan.group_scores);
+  impl::score_pages(summaries, batch, q, p.scale, hs, sc);
+  impl::aggregate_gqa(hs, batch, p.num_q_heads, p.cache.num_kv_heads, gs, sc);
+  impl::select_pages(gs, batch, p.cache.num_kv_heads, p.cache.page_size, p.select, out, sc);
+}
+
 }  // namespace
 
 DecodePlan plan_decode(const DecodeParams& params) {
@@ -152,6 +165,18 @@ void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& bat
                      sc);
 }
 
+void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& summaries,
+                  const BatchView& batch, const QueryView& q, const Selection& out) {
+  // Every check first, so that a bad call writes nothing.
+  check_call(plan, ws, batch, __func__);
+  detail::check_run_summary(plan, summaries.layout, __func__);
+  detail::check_run_query(plan, q, __func__);
+  LOCKS_REQUIRE(out.pages && out.counts, "selection arrays are null");
+  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
+                " differs from the plan's ", plan.capacity);
+  select_in_workspace(plan, ws, summaries, batch, q, out);
+}
+
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out) {
@@ -185,14 +210,9 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   LOCKS_REQUIRE(out.out != nullptr, "out.out is null");
   check_selection_out(plan, selection_out);
   const Selection sel = workspace_selection(plan, ws);
-  float* hs = region_ptr<float>(ws, plan.head_scores);
-  float* gs = region_ptr<float>(ws, plan.group_scores);
-  const detail::ThreadScratch sc = thread_scratch(plan, ws);
   const DecodeParams& p = plan.params;
-  impl::score_pages(summaries, batch, q, p.scale, hs, sc);
-  impl::aggregate_gqa(hs, batch, p.num_q_heads, p.cache.num_kv_heads, gs, sc);
-  impl::select_pages(gs, batch, p.cache.num_kv_heads, p.cache.page_size, p.select, sel, sc);
-  impl::decode_attention(cache, batch, q, p.scale, &sel, out, sc,
+  select_in_workspace(plan, ws, summaries, batch, q, sel);
+  impl::decode_attention(cache, batch, q, p.scale, &sel, out, thread_scratch(plan, ws),
                          region_ptr<std::byte>(ws, plan.part_o), size_t(plan.part_o.bytes));
   publish_selection(sel, selection_out, int64_t(batch.batch_size) * p.cache.num_kv_heads);
 }

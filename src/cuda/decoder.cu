@@ -245,6 +245,23 @@ void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& bat
       group_scores, out, st);
 }
 
+void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& s,
+                  const BatchView& batch, const QueryView& q, const Selection& out,
+                  cudaStream_t st) {
+  // Every check before the first launch, so that a bad call writes nothing.
+  check_call(plan, ws, batch, __func__);
+  check_summaries(plan, s, __func__);
+  locks::detail::check_run_query(plan, q, __func__);
+  LOCKS_REQUIRE(out.pages != nullptr && out.counts != nullptr, "selection arrays are null");
+  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
+                " differs from the plan's ", plan.capacity);
+  float* hs = region_ptr<float>(ws, plan.head_scores);
+  // The head scores stay in the workspace and the aggregation reads only each row's full pages,
+  // so they are not written past them.
+  launch_scores(plan, ws, s, batch, q, hs, false, st);
+  aggregate_select(plan, ws, batch, hs, region_ptr<float>(ws, plan.group_scores), out, st);
+}
+
 void decode_attention_sparse(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
                              const BatchView& batch, const QueryView& q, const Selection& sel,
                              const AttentionOutput& out, cudaStream_t st) {
@@ -277,12 +294,7 @@ void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
   LOCKS_REQUIRE(sel.pages && sel.counts && sel.capacity == plan.capacity,
                 "selection_out is null or its capacity ", sel.capacity, " differs from the plan's ",
                 plan.capacity);
-  float* hs = region_ptr<float>(ws, plan.head_scores);
-  float* gs = region_ptr<float>(ws, plan.group_scores);
-  // (Checked above: the call, the summaries, the query.) The head scores stay in the workspace
-  // and the aggregation reads only each row's full pages, so they are not written past them.
-  launch_scores(plan, ws, summaries, batch, q, hs, false, st);
-  aggregate_select(plan, ws, batch, hs, gs, sel, st);
+  score_select(plan, ws, summaries, batch, q, sel, st);
   attend(plan, ws, cache, batch, q, &sel, out, st);
 }
 

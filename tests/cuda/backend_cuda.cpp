@@ -75,6 +75,10 @@ class CudaBackend final : public OpsBackend {
                         float* gs, const Selection& out) override {
     cuda::aggregate_select(p, ws, b, hs, gs, out, nullptr);
   }
+  void score_select(const DecodePlan& p, Workspace ws, const SummaryView& s, const BatchView& b,
+                    const QueryView& q, const Selection& out) override {
+    cuda::score_select(p, ws, s, b, q, out, nullptr);
+  }
   void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
                         const QueryView& q, const Selection& sel,
                         const AttentionOutput& out) override {

@@ -52,6 +52,8 @@ class OpsBackend {
                             const Selection& out) = 0;
   virtual void aggregate_select(const DecodePlan& p, Workspace ws, const BatchView& b,
                                 const float* hs, float* gs, const Selection& out) = 0;
+  virtual void score_select(const DecodePlan& p, Workspace ws, const SummaryView& s,
+                            const BatchView& b, const QueryView& q, const Selection& out) = 0;
   virtual void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c,
                                 const BatchView& b, const QueryView& q, const Selection& sel,
                                 const AttentionOutput& out) = 0;

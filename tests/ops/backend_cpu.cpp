@@ -84,6 +84,10 @@ class CpuBackend final : public OpsBackend {
                         float* gs, const Selection& out) override {
     cpu::aggregate_select(p, ws, b, hs, gs, out);
   }
+  void score_select(const DecodePlan& p, Workspace ws, const SummaryView& s, const BatchView& b,
+                    const QueryView& q, const Selection& out) override {
+    cpu::score_select(p, ws, s, b, q, out);
+  }
   void attention_sparse(const DecodePlan& p, Workspace ws, const KvCacheView& c, const BatchView& b,
                         const QueryView& q, const Selection& sel,
                         const AttentionOutput& out) override {

@@ -642,6 +642,17 @@ TEST_P(BackendOps, StepOpsMatchReferenceForEveryBudget) {
     EXPECT_EQ(counts3.read<int32_t>(size_t(B) * H), ch);
     EXPECT_EQ(pages3.read<int32_t>(size_t(B) * H * cap), ph) << "aggregate_select's lists";
 
+    // score_select (the three with the scores in the workspace): the same lists. Its workspace
+    // filled with a pattern first: on CUDA the head scores past a row's full pages stay as they
+    // were, so a selection that read them would differ.
+    be_->fill(ws.p, 0x7f, plan.workspace_bytes);
+    Dev pages4(be_.get(), size_t(B) * H * cap * 4), counts4(be_.get(), size_t(B) * H * 4);
+    be_->score_select(plan, w, s->dev, batch_, qv_,
+                      Selection{pages4.as<int32_t>(), counts4.as<int32_t>(), cap});
+    be_->finish();
+    EXPECT_EQ(counts4.read<int32_t>(size_t(B) * H), ch);
+    EXPECT_EQ(pages4.read<int32_t>(size_t(B) * H * cap), ph) << "score_select's lists";
+
     // The whole step gives the same selection and the same bits as the ops in sequence.
     Dev out2(be_.get(), size_t(B) * Hq * d * 4), lse2(be_.get(), size_t(B) * Hq * 4);
     Dev pages2(be_.get(), size_t(B) * H * cap * 4), counts2(be_.get(), size_t(B) * H * 4);
@@ -703,6 +714,23 @@ TEST_P(BackendOps, RunCallsRejectCallsOutsideThePlan) {
   EXPECT_THROW(
       be_->score_pages(plan, {ws.p, plan.workspace_bytes}, wrong, batch_, qv_, hs.as<float>()),
       InvalidArgument);
+  // score_select: the summaries and the selection's capacity checked before anything is
+  // written (the counts keep their pattern).
+  const int H = t_.spec.num_kv_heads, cap = plan.capacity;
+  Dev pages(be_.get(), size_t(B) * H * (cap + 1) * 4), counts(be_.get(), size_t(B) * H * 4);
+  be_->fill(counts.p, 0x5a, size_t(B) * H * 4);
+  const std::vector<int32_t> before = counts.read<int32_t>(size_t(B) * H);
+  EXPECT_THROW(be_->score_select(plan, {ws.p, plan.workspace_bytes}, wrong, batch_, qv_,
+                                 Selection{pages.as<int32_t>(), counts.as<int32_t>(), cap}),
+               InvalidArgument);
+  EXPECT_THROW(be_->score_select(plan, {ws.p, plan.workspace_bytes}, s->dev, batch_, qv_,
+                                 Selection{pages.as<int32_t>(), counts.as<int32_t>(), cap + 1}),
+               InvalidArgument);
+  EXPECT_THROW(be_->score_select(plan, {ws.p, plan.workspace_bytes}, s->dev, batch_, qv_,
+                                 Selection{pages.as<int32_t>(), nullptr, cap}),
+               InvalidArgument);
+  be_->finish();
+  EXPECT_EQ(counts.read<int32_t>(size_t(B) * H), before) << "a refused score_select wrote";
 }
 
 // The query in the model's dtype (the cache's fp16 / bf16; bf16 beside an fp32 cache), in a
