@@ -94,9 +94,10 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
   // busy instead of leaving the row to the first few (at 128K tokens in a 1M plan, 2 of 16
   // blocks of 4096 pages). Ranks own contiguous ranges in rank order either way, so the
   // compaction's offsets and the list are the same. Computed after the LSE phase in the fused
-  // kernel: 4dcbfa4 computed it first, and its divide, waiting for the length's load, put the
-  // partials' loads ~50 instructions later (SASS); it measured +0.5-1 us at 128K batch 1-8
-  // (H100, 2026-12-07).
+  // kernel: computed first (4dcbfa4), its divide waited for the length's load and put the
+  // partials' loads ~50 instructions later in the SASS. Still, full rows at G 16 cost +0.9 us
+  // either way against the plan's split alone (GLM-4-9B 128K b1 / b8, H100, 2026-12-07;
+  // Llama-3.1-8B's rows went back to even here); the cause is not found.
   Rules r;
   int j0 = 0, j1 = 0;
   const auto split = [&] {
