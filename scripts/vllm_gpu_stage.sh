@@ -10,6 +10,9 @@
 #     (the zstandard wheel the unpacking may need, moved out of p1 below: p1's 51 MB part and
 #      the working tree must fit the 64 MiB a call carries)
 #   carry .vstage/p1:                         bash .vstage/p1/call1.sh
+#     (where the tree has grown so that p1 or p2 and the tree exceed 64 MiB: split them once here
+#      with scripts/vllm_split_bundle.sh, then calls 1a (carry .vstage/p1a), 1b (p1b), 2a (p2a)
+#      of scripts/vllm_gpu_calls.sh, and call 2 carrying .vstage/p2b instead of .vstage/p2)
 #   carry .vstage/p2 .devcarry/py:            scripts/vllm_gpu_calls.sh 2 [phases]  (default: build smoke)
 #     (+ .devcarry/lk, optional: a liblocks_torch.so built here against torch 2.11 and the
 #      package's dist-info, see vllm_gpu_calls.sh; p2 + py + lk + the tree fit one call)
