@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float lse[kMaxGroup];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int G = Hq / Hkv;
-  // Pages from the row's full pages on have -inf head scores (the scorer writes them so): their
-  // group score is -inf without reading them (the same bits; rows shorter than the plan's M).
+  // Pages from the row's full pages on have -inf head scores (score_pages writes them so; the
+  // step's scorer leaves them unwritten, score_select): their group score is -inf without
+  // reading them (the same bits; rows shorter than the plan's M).
   const int len = seq_lens[b];
   const int jn = len >= 1 && len <= M * limits::kPageSize ? len / limits::kPageSize : 0;
   if constexpr (kFused) {

@@ -175,8 +175,9 @@ __global__ void __launch_bounds__(kThreads, 2) aggregate_select_cluster(ClusterA
         cs.keys[j2 - j0] = float_key(s1);
       }
     }
-    // Past the row's full pages: -inf (the scorer's head scores there are -inf, so this is what
-    // the aggregation gives), without loading them; split over the blocks.
+    // Past the row's full pages: -inf (score_pages' head scores there are -inf, so this is what
+    // the aggregation gives; the step's scorer does not write them), without loading them; split
+    // over the blocks.
     const int tail = (a.M - r.full + n_ranks - 1) / n_ranks;
     const int t0 = r.full + rank * tail, t1 = min(a.M, t0 + tail);
     for (int j = t0 + int(threadIdx.x); j < t1; j += kThreads) grow[j] = kNegInf;

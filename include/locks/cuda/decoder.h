@@ -83,7 +83,8 @@ class Decoder {
 
   // Device buffers of the last run: [max_batch, num_q_heads, max_blocks_per_seq],
   // [max_batch, num_kv_heads, max_blocks_per_seq], and the selection (capacity from
-  // select_capacity). Rows past batch.batch_size are stale.
+  // select_capacity). Rows past batch.batch_size are stale, and after run() (score_select)
+  // so are the head scores past each row's full pages; after score() they are -inf.
   const float* head_scores() const;
   const float* group_scores() const;
   Selection selection() const;
