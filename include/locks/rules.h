@@ -30,6 +30,17 @@ LOCKS_HD constexpr int num_pages(int64_t len, int page_size) {
 LOCKS_HD constexpr int full_pages(int64_t len, int page_size) {
   return static_cast<int>(len / page_size);
 }
+// A sequence length read from device memory (untrusted, docs/bad_input.md): outside
+// [1, max_blocks * page_size] (its block-table row) it counts as 0, a sequence with no page.
+LOCKS_HD constexpr int trusted_len(int len, int max_blocks, int page_size) {
+  return len >= 1 && len <= max_blocks * page_size ? len : 0;
+}
+// Its full pages. The test is written out again so that the division sits under it, where the
+// length is known positive: a shift in the kernels (trusted_len(...) / P compiled to a signed
+// division, two instructions more).
+LOCKS_HD constexpr int trusted_full_pages(int len, int max_blocks, int page_size) {
+  return len >= 1 && len <= max_blocks * page_size ? len / page_size : 0;
+}
 LOCKS_HD constexpr int64_t budget_pages(int64_t budget_tokens, int page_size) {
   return budget_tokens / page_size;
 }

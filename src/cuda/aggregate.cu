@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "kernels.cuh"
 #include "locks/cuda/limits.h"
+#include "locks/rules.h"
 
 namespace locks::cuda::detail {
 namespace {
@@ -79,8 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   // Pages from the row's full pages on have -inf head scores (score_pages writes them so; the
   // step's scorer leaves them unwritten, score_select): their group score is -inf without
   // reading them (the same bits; rows shorter than the plan's M).
-  const int len = seq_lens[b];
-  const int jn = len >= 1 && len <= M * limits::kPageSize ? len / limits::kPageSize : 0;
+  const int jn = rules::trusted_full_pages(seq_lens[b], M, limits::kPageSize);
   if constexpr (kFused) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < G; g += kThreads / 32) {

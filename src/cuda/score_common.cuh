@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 #include "kernels.cuh"
+#include "locks/rules.h"
 #include "ptx.cuh"
 
 namespace locks::cuda::detail {

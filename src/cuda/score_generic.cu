@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kGenWarps * 32)
   __syncthreads();
   // Untrusted device values (docs/bad_input.md): an invalid length scores no page.
   const int len = seq_lens[b];
-  const int n_full = len >= 1 && len <= M * P ? len / P : 0;
+  const int n_full = rules::trusted_full_pages(len, M, P);
   for (int jj = warp; jj < kScoreChunk; jj += kGenWarps) {
     const int j = chunk * kScoreChunk + jj;
     if (j >= n_full || j >= M) {  // warp-uniform

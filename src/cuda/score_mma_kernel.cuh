@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, score_min_blocks<D, NT1, HL>()
     else
       load_query(__half{});
   }
-  const int n_full = len >= 1 && len <= M * 16 ? len / 16 : 0;
+  const int n_full = rules::trusted_full_pages(len, M, 16);
   // A chunk past the row's full pages (block-uniform): -inf partials, and -inf scores where the
   // rows are to be written whole; no query work.
   if (chunk * CP >= n_full) {

@@ -25,7 +25,7 @@ struct Rules {  // the budget rules for one sequence
 // An untrusted length outside [1, M P] (the block-table row) counts as 0: no page, count 0
 // (the attention then writes the row as NaN; docs/bad_input.md).
 __device__ Rules rules_for(int raw_len, int P, int M, const SelectConfig& cfg) {
-  const int len = raw_len >= 1 && raw_len <= M * P ? raw_len : 0;
+  const int len = rules::trusted_len(raw_len, M, P);
   Rules r;
   r.full = rules::full_pages(len, P);
   r.n_pages = rules::num_pages(len, P);

@@ -41,7 +41,7 @@ struct ListRules {
 __device__ ListRules list_rules(int raw_len, int P, int S, int M, const SelectConfig& sel,
                                 const TwoLevelConfig& cfg) {
   ListRules r;
-  r.len = raw_len >= 1 && raw_len <= M * P ? raw_len : 0;
+  r.len = rules::trusted_len(raw_len, M, P);
   const int full = rules::full_pages(r.len, P);
   r.n_pages = rules::num_pages(r.len, P);
   r.C = full / S;

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kSuperWarps * 32, 2)
   // Untrusted device values (docs/bad_input.md): an invalid length has no complete group,
   // an invalid slot scores -inf.
   const int len = seq_lens[b];
-  const int C = len >= 1 && len <= M * P ? (len / P) / geo.S : 0;
+  const int C = rules::trusted_full_pages(len, M, P) / geo.S;
   int32_t slots[kMaxGpw];
 #pragma unroll
   for (int it = 0; it < kMaxGpw; ++it) {

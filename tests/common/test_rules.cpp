@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "locks/error.h"
 #include "locks/rules.h"
@@ -35,6 +36,21 @@ TEST(Rules, CapacityHoldsEveryPageTheBudgetSelects) {
           EXPECT_EQ(cap, std::max(std::min((b + P - 1) / P, M), dense_need));
           if (dense_below > b + 1) EXPECT_EQ(cap, std::max(most, std::min((b + P - 1) / P, M)));
         }
+}
+
+// The kernels' reading of a length from device memory: inside its block-table row (1 to M P
+// tokens) it stands, outside it is a sequence of no page (docs/bad_input.md).
+TEST(Rules, UntrustedLengthsOutsideTheRowCountAsEmpty) {
+  for (int P : {1, 4, 16})
+    for (int M = 1; M <= 6; ++M)
+      for (int len = -P - 2; len <= M * P + P + 2; ++len) {
+        const bool inside = len >= 1 && len <= M * P;
+        EXPECT_EQ(rules::trusted_len(len, M, P), inside ? len : 0) << len;
+        EXPECT_EQ(rules::trusted_full_pages(len, M, P), inside ? rules::full_pages(len, P) : 0)
+            << len;
+      }
+  EXPECT_EQ(rules::trusted_len(INT32_MIN, 4, 16), 0);
+  EXPECT_EQ(rules::trusted_full_pages(INT32_MAX, 4, 16), 0);
 }
 
 TEST(Rules, BudgetValidityMatchesValidateSelect) {
