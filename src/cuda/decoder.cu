@@ -33,6 +33,15 @@ void check_call(const DecodePlan& plan, const Workspace& ws, const BatchView& ba
   locks::detail::check_run_batch(plan, batch, where);
 }
 
+// A selection the ops write (select_pages, aggregate_select, score_select).
+void check_selection(const DecodePlan& plan, const Selection& out, const char* where) {
+  if (out.pages == nullptr || out.counts == nullptr)
+    locks::detail::fail(where, "selection arrays are null");
+  if (out.capacity != plan.capacity)
+    locks::detail::fail(where, "selection capacity ", out.capacity, " differs from the plan's ",
+                        plan.capacity);
+}
+
 void check_summaries(const DecodePlan& plan, const SummaryView& s, const char* where) {
   locks::detail::check_run_summary(plan, s.layout, where);
   if (s.layout.precision == Precision::fp32) {
@@ -214,9 +223,7 @@ void select_pages(const DecodePlan& plan, Workspace ws, const BatchView& batch,
                   const float* group_scores, const Selection& out, cudaStream_t st) {
   check_call(plan, ws, batch, __func__);
   LOCKS_REQUIRE(group_scores != nullptr, "group_scores is null");
-  LOCKS_REQUIRE(out.pages != nullptr && out.counts != nullptr, "selection arrays are null");
-  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
-                " differs from the plan's ", plan.capacity);
+  check_selection(plan, out, __func__);
   detail::launch_select(group_scores, batch, plan.params.cache.num_kv_heads, plan.params.select,
                         plan.params.cache.page_size, out, region_ptr<uint32_t>(ws, plan.cand_key),
                         region_ptr<int32_t>(ws, plan.cand_idx),
@@ -230,9 +237,7 @@ void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& bat
   // Every check before the first launch, so that a bad call writes nothing.
   check_call(plan, ws, batch, __func__);
   LOCKS_REQUIRE(head_scores != nullptr && group_scores != nullptr, "null score array");
-  LOCKS_REQUIRE(out.pages != nullptr && out.counts != nullptr, "selection arrays are null");
-  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
-                " differs from the plan's ", plan.capacity);
+  check_selection(plan, out, __func__);
   if (plan.select_cluster == 0) {
     aggregate_gqa(plan, ws, batch, head_scores, group_scores, st);
     select_pages(plan, ws, batch, group_scores, out, st);
@@ -252,9 +257,7 @@ void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& s,
   check_call(plan, ws, batch, __func__);
   check_summaries(plan, s, __func__);
   locks::detail::check_run_query(plan, q, __func__);
-  LOCKS_REQUIRE(out.pages != nullptr && out.counts != nullptr, "selection arrays are null");
-  LOCKS_REQUIRE(out.capacity == plan.capacity, "selection capacity ", out.capacity,
-                " differs from the plan's ", plan.capacity);
+  check_selection(plan, out, __func__);
   float* hs = region_ptr<float>(ws, plan.head_scores);
   // The head scores stay in the workspace and the aggregation reads only each row's full pages,
   // so they are not written past them.
