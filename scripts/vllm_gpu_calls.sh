@@ -25,10 +25,11 @@ case "$n" in
 esac
 if [ "$n" = 2 ] && [ ! -f .vstage/p2/part1 ] && [ -f .vstage/p2b/part1.b ]; then
   [ -f /tmp/vstage/part1.a ] || { echo "part1.a missing: run call 2a first"; exit 4; }
+  # p2 again: the two halves of part1, then p2's scripts (whatever vllm_split_bundle.sh put
+  # beside the half).
   mkdir -p .vstage/p2 && cat /tmp/vstage/part1.a .vstage/p2b/part1.b >.vstage/p2/part1 &&
     rm /tmp/vstage/part1.a &&
-    cp .vstage/p2b/call2.sh .vstage/p2b/SHA256SUMS .vstage/p2b/smoke.py .vstage/p2b/unzst.py \
-      .vstage/p2/ || exit 2
+    find .vstage/p2b -maxdepth 1 -type f ! -name part1.b -exec cp {} .vstage/p2/ \; || exit 2
 fi
 D=.devcarry
 # A prebuilt liblocks_torch.so (built here against torch 2.11: the library is loaded with

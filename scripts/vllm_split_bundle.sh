@@ -17,5 +17,5 @@ mv "$tmp/a.0" .vstage/p1a/part0.a && mv "$tmp/a.1" .vstage/p1b/part0.b
 split -n 2 -d -a 1 .vstage/p2/part1 "$tmp/b."
 mv "$tmp/b.0" .vstage/p2a/part1.a && mv "$tmp/b.1" .vstage/p2b/part1.b
 rmdir "$tmp"
-cp .vstage/p2/call2.sh .vstage/p2/SHA256SUMS .vstage/p2/smoke.py .vstage/p2/unzst.py .vstage/p2b/
+find .vstage/p2 -maxdepth 1 -type f ! -name part1 -exec cp {} .vstage/p2b/ \;
 du -sh .vstage/p1a .vstage/p1b .vstage/p2a .vstage/p2b
