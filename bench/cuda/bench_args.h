@@ -27,6 +27,7 @@ struct Opts {
   float tau = 0.0f;                       // adaptive budget (0: the fixed budget)
   int tokens_per_seq = 1;                 // --tokens-per-seq: rows a sequence (verification)
   int row_tokens = 0;    // --row-tokens: every row this long, the plan and cache for CONTEXT (0: =)
+  int buckets = 0;       // --buckets K: also the step over K length buckets (0: not timed)
   std::string pipeline;  // --pipeline K or B1,B2,...: sub-batches to time
   double ceiling = 0;    // --ceiling (TB/s); 0: measured
   FILE* csv = nullptr;   // opened by main from csv_path
@@ -84,7 +85,8 @@ inline std::string parse_args(int argc, const char* const* argv, Opts& o) {
                          {"--select-cluster", &o.select_cluster, -1},
                          {"--attn-pps", &o.attn_pps, 0},
                          {"--tokens-per-seq", &o.tokens_per_seq, 1},
-                         {"--row-tokens", &o.row_tokens, 1}};
+                         {"--row-tokens", &o.row_tokens, 1},
+                         {"--buckets", &o.buckets, 1}};
   double tau = o.tau;  // (Opts keeps it as the float the plan takes)
   const std::pair<const char*, double*> nums[] = {
       {"--alpha", &o.alpha}, {"--ceiling", &o.ceiling}, {"--tau", &tau}};

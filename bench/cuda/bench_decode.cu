@@ -8,7 +8,7 @@
 //                         [--score-chunk 32|64|96|128] [--select-chunk 2048|4096] [--tau T]
 //                         [--select-cluster -1|1|2|4|8|16] [--attn-pps 4|8|...|512]
 //                         [--ceiling TB_PER_S] [--pipeline K | --pipeline B1,B2,...]
-//                         [--tokens-per-seq T] [--row-tokens N]
+//                         [--tokens-per-seq T] [--row-tokens N] [--buckets K]
 //   An unknown option, a missing or malformed value, or a CSV path that cannot be written: exit
 //   2 with the reason, before any device call (bench_args.h).
 //   --ceiling: the read ceiling the floor% and bandwidth columns divide by (default: measured
@@ -35,6 +35,11 @@
 //   CONTEXT serving shorter requests (the plan's max_blocks_per_seq comes from max_model_len).
 //   dense_ms is the dense kernel over the same N-token rows. The CSV's row_tokens column holds
 //   N (CONTEXT without the option).
+//   --buckets K (flat rows, one row a sequence): also the step over K length buckets
+//   (locks/cuda/length_buckets.h: plans for the row's max_blocks_per_seq M, M / 2, ..., and a
+//   SWITCH node that runs the smallest holding the batch's longest row), captured and timed
+//   beside the plain step before and after it, and its output compared with the plain step's
+//   bit for bit. With --row-tokens it shows what the buckets save rows shorter than the plan.
 //   --tokens-per-seq T (flat rows): speculative-decoding verification steps. The BATCH rows are
 //   BATCH / T sequences x T tokens: the T rows of a sequence share its block table and end at
 //   context - T + 1 ... context (each token attends causally, as the vLLM plugin runs them), so
@@ -59,6 +64,7 @@
 #include "bench_timing.cuh"
 #include "locks/contract.h"
 #include "locks/cuda/decoder.h"
+#include "locks/cuda/length_buckets.h"
 #include "locks/cuda/summary_builder.h"
 #include "sub_batch_step.h"
 
@@ -342,6 +348,42 @@ PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq,
   return t;
 }
 
+// The step over K length buckets (--buckets; locks/cuda/length_buckets.h), captured with
+// decode_bucketed and timed beside the plain step's graph (before and after it); its output
+// compared with the plain step's bit for bit.
+void time_buckets(const cuda::Decoder& dec, const RowData& D, const QueryView& qv,
+                  const AttentionOutput& ao, int k, int reps, double t_dense, Graph& g_plain) {
+  const cudaStream_t st = D.st;
+  const cuda::LengthBuckets bk =
+      cuda::plan_length_buckets(dec.decode_plan().params, std::min(k, cuda::kMaxLengthBuckets), 1);
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, bk.workspace_bytes));
+  const size_t n = size_t(D.batch.batch_size) * qv.num_q_heads * D.L.head_dim;
+  std::vector<float> ref(n), got(n);
+  const double t_before = median_ms([&] { g_plain.launch(st); }, st, reps);
+  CK(cudaStreamSynchronize(st));
+  CK(cudaMemcpy(ref.data(), ao.out, n * 4, cudaMemcpyDeviceToHost));
+  Graph g(
+      [&] {
+        cuda::decode_bucketed(bk, {ws, bk.workspace_bytes}, D.cache, D.s, D.batch, qv, ao, nullptr,
+                              st);
+      },
+      st);
+  const double t_b = median_ms([&] { g.launch(st); }, st, reps);
+  CK(cudaStreamSynchronize(st));
+  CK(cudaMemcpy(got.data(), ao.out, n * 4, cudaMemcpyDeviceToHost));
+  const double t_after = median_ms([&] { g_plain.launch(st); }, st, reps);
+  std::string sizes;
+  for (int i = 0; i < bk.count; ++i)
+    sizes += (i ? "," : "") + std::to_string(bk.plans[i].params.max_blocks_per_seq);
+  std::printf(
+      "  length buckets (%d plans of %s pages a row): %.4f ms = %.2fx dense; the plain step "
+      "%.4f / %.4f ms (before / after); output %s the plain step's\n",
+      bk.count, sizes.c_str(), t_b, t_dense / t_b, t_before, t_after,
+      std::memcmp(ref.data(), got.data(), n * 4) == 0 ? "bit for bit" : "DIFFERS FROM");
+  CK(cudaFree(ws));
+}
+
 void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
   const int T = o.tokens_per_seq;
   if (const std::string why = row_problem(m, ctx, B, T); !why.empty())
@@ -408,6 +450,7 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
         }
       }
     }
+    if (o.buckets > 0) time_buckets(dec, D, qv, ao, o.buckets, reps, t_dense, g_locks);
     // Verification steps (T tokens a sequence): the dense kernel over one row a sequence at
     // its full length, i.e. each cache read once (what FlashAttention with T queries reads).
     // The same one row a sequence (its last token's table, full length) serves the request

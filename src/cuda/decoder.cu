@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "decode_checks.h"
 #include "kernels.cuh"
 #include "locks/contract.h"
 #include "locks/error.h"
@@ -104,8 +105,7 @@ DecodePlan plan_decode(const DecodeParams& params) {
                      p.attn_pages_per_split % 4 == 0),
                 "attn_pages_per_split must be 0 (auto) or a multiple of 4 in [4, 512], got ",
                 p.attn_pages_per_split);
-  const int M = p.max_blocks_per_seq, B = p.max_batch, Hq = p.num_q_heads, Hkv = L.num_kv_heads,
-            G = plan.group;
+  const int M = p.max_blocks_per_seq, B = p.max_batch, Hkv = L.num_kv_heads, G = plan.group;
   plan.score_chunks = ceil_div(M, detail::kScoreChunkMin);  // room for the smallest chunks
   plan.select_chunk_pages =
       p.select_chunk_pages ? p.select_chunk_pages : detail::select_chunk_pages(M);
@@ -284,19 +284,33 @@ void decode_attention_dense(const DecodePlan& plan, Workspace ws, const KvCacheV
   attend(plan, ws, cache, batch, q, nullptr, out, st);
 }
 
+namespace detail {
+Selection decode_selection(const DecodePlan& plan, const Workspace& ws,
+                           const Selection* selection_out) {
+  return selection_out ? *selection_out
+                       : Selection{region_ptr<int32_t>(ws, plan.pages),
+                                   region_ptr<int32_t>(ws, plan.counts), plan.capacity};
+}
+
+void check_decode(const DecodePlan& plan, const Workspace& ws, const KvCacheView& cache,
+                  const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                  const AttentionOutput& out, const Selection* selection_out, const char* where) {
+  const Selection sel = decode_selection(plan, ws, selection_out);
+  check_call(plan, ws, batch, where);
+  check_summaries(plan, summaries, where);
+  check_attention(plan, cache, q, out, where);
+  if (!(sel.pages && sel.counts && sel.capacity == plan.capacity))
+    locks::detail::fail(where, "selection_out is null or its capacity ", sel.capacity,
+                        " differs from the plan's ", plan.capacity);
+}
+}  // namespace detail
+
 void decode(const DecodePlan& plan, Workspace ws, const KvCacheView& cache,
             const SummaryView& summaries, const BatchView& batch, const QueryView& q,
             const AttentionOutput& out, const Selection* selection_out, cudaStream_t st) {
-  Selection sel{region_ptr<int32_t>(ws, plan.pages), region_ptr<int32_t>(ws, plan.counts),
-                plan.capacity};
-  if (selection_out) sel = *selection_out;
   // Every check before the first launch, so that a bad call writes nothing.
-  check_call(plan, ws, batch, __func__);
-  check_summaries(plan, summaries, __func__);
-  check_attention(plan, cache, q, out, __func__);
-  LOCKS_REQUIRE(sel.pages && sel.counts && sel.capacity == plan.capacity,
-                "selection_out is null or its capacity ", sel.capacity, " differs from the plan's ",
-                plan.capacity);
+  detail::check_decode(plan, ws, cache, summaries, batch, q, out, selection_out, __func__);
+  const Selection sel = detail::decode_selection(plan, ws, selection_out);
   score_select(plan, ws, summaries, batch, q, sel, st);
   attend(plan, ws, cache, batch, q, &sel, out, st);
 }
