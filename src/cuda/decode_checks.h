@@ -1,5 +1,5 @@
-// decode()'s host checks and its selection, shared with decode_bucketed (length_buckets.cu),
-// which checks every bucket's step before it records any of them.
+// decode()'s and score_select()'s host checks, shared with the bucketed forms (length_buckets.cu),
+// which check every bucket's call before they record any of them.
 #pragma once
 
 #include "locks/contract.h"
@@ -13,5 +13,10 @@ Selection decode_selection(const DecodePlan& plan, const Workspace& ws,
 void check_decode(const DecodePlan& plan, const Workspace& ws, const KvCacheView& cache,
                   const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                   const AttentionOutput& out, const Selection* selection_out, const char* where);
+
+// Throws what score_select() would throw for these arguments.
+void check_score_select(const DecodePlan& plan, const Workspace& ws, const SummaryView& s,
+                        const BatchView& batch, const QueryView& q, const Selection& out,
+                        const char* where);
 
 }  // namespace locks::cuda::detail

@@ -250,14 +250,22 @@ void aggregate_select(const DecodePlan& plan, Workspace ws, const BatchView& bat
       group_scores, out, st);
 }
 
+namespace detail {
+void check_score_select(const DecodePlan& plan, const Workspace& ws, const SummaryView& s,
+                        const BatchView& batch, const QueryView& q, const Selection& out,
+                        const char* where) {
+  check_call(plan, ws, batch, where);
+  check_summaries(plan, s, where);
+  locks::detail::check_run_query(plan, q, where);
+  check_selection(plan, out, where);
+}
+}  // namespace detail
+
 void score_select(const DecodePlan& plan, Workspace ws, const SummaryView& s,
                   const BatchView& batch, const QueryView& q, const Selection& out,
                   cudaStream_t st) {
   // Every check before the first launch, so that a bad call writes nothing.
-  check_call(plan, ws, batch, __func__);
-  check_summaries(plan, s, __func__);
-  locks::detail::check_run_query(plan, q, __func__);
-  check_selection(plan, out, __func__);
+  detail::check_score_select(plan, ws, s, batch, q, out, __func__);
   float* hs = region_ptr<float>(ws, plan.head_scores);
   // The head scores stay in the workspace and the aggregation reads only each row's full pages,
   // so they are not written past them.

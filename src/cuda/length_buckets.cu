@@ -128,18 +128,16 @@ LengthBuckets plan_length_buckets(const DecodeParams& params, int max_buckets, i
   return b;
 }
 
-void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheView& cache,
-                     const SummaryView& summaries, const BatchView& batch, const QueryView& q,
-                     const AttentionOutput& out, const Selection* selection_out,
-                     cudaStream_t stream) {
-  const char* where = "cuda::decode_bucketed";
+namespace {
+
+// Every bucket's plan checked against the last's, each bucket's batch (rows of at most its
+// plan's pages), and the longest row a bucket holds, for the choice kernel.
+void bucket_rows(const LengthBuckets& buckets, const BatchView& batch, int page_size,
+                 BatchView (&rows)[kMaxLengthBuckets], BucketTokens& bt, const char* where) {
   const int n = buckets.count;
   if (n < 1 || n > kMaxLengthBuckets)
     locks::detail::fail(where, "buckets.count ", n, " outside [1, ", kMaxLengthBuckets, "]");
   const DecodePlan& full = buckets.plans[n - 1];
-  // Every bucket's step checked before anything is recorded or launched.
-  BatchView rows[kMaxLengthBuckets];
-  BucketTokens bt{};
   bt.count = n;
   for (int i = 0; i < n; ++i) {
     const DecodePlan& p = buckets.plans[i];
@@ -153,13 +151,21 @@ void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheVi
                           " is below bucket ", i, "'s ", p.workspace_bytes);
     rows[i] = batch;
     rows[i].max_blocks_per_seq = std::min(batch.max_blocks_per_seq, p.params.max_blocks_per_seq);
-    detail::check_decode(p, ws, cache, summaries, rows[i], q, out, selection_out, where);
-    bt.tokens[i] = int64_t(rows[i].max_blocks_per_seq) * cache.layout.page_size;
+    bt.tokens[i] = int64_t(rows[i].max_blocks_per_seq) * page_size;
   }
+}
+
+// run(i, rows, stream): bucket i's launches. Under capture: the choice kernel and a SWITCH node
+// whose body i is run(i, ...) captured on a stream of this call's own; otherwise the last.
+template <class Run>
+void record_buckets(const LengthBuckets& buckets, const BatchView& batch, int page_size,
+                    const BatchView (&rows)[kMaxLengthBuckets], const BucketTokens& bt,
+                    cudaStream_t stream, Run run) {
+  const int n = buckets.count;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   LOCKS_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
   if (n == 1 || cs != cudaStreamCaptureStatusActive) {
-    decode(full, ws, cache, summaries, batch, q, out, selection_out, stream);
+    run(n - 1, rows[n - 1], stream);
     return;
   }
   cudaGraph_t graph = nullptr;
@@ -173,8 +179,7 @@ void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheVi
   LOCKS_CUDA_CHECK(cudaGraphConditionalHandleCreate(&handle, graph, unsigned(n - 1),
                                                     cudaGraphCondAssignDefault));
   choose_bucket_kernel<<<1, kChooseThreads, 0, stream>>>(handle, batch.seq_lens, batch.batch_size,
-                                                         batch.max_blocks_per_seq,
-                                                         cache.layout.page_size, bt);
+                                                         batch.max_blocks_per_seq, page_size, bt);
   LOCKS_CUDA_CHECK(cudaGetLastError());
   LOCKS_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &cs, nullptr, &graph, &deps, &edges, &n_deps));
   cudaGraphNodeParams np{};
@@ -187,13 +192,49 @@ void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheVi
   {
     BodyCapture body;
     for (int i = 0; i < n; ++i) {
-      const cudaStream_t bs = body.begin(np.conditional.phGraph_out[i]);
-      decode(buckets.plans[i], ws, cache, summaries, rows[i], q, out, selection_out, bs);
+      run(i, rows[i], body.begin(np.conditional.phGraph_out[i]));
       body.end();
     }
   }
   LOCKS_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1,
                                                        cudaStreamSetCaptureDependencies));
+}
+
+}  // namespace
+
+void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheView& cache,
+                     const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                     const AttentionOutput& out, const Selection* selection_out,
+                     cudaStream_t stream) {
+  const char* where = "cuda::decode_bucketed";
+  const int P = cache.layout.page_size;
+  BatchView rows[kMaxLengthBuckets];
+  BucketTokens bt{};
+  bucket_rows(buckets, batch, P, rows, bt, where);
+  // Every bucket's step checked before anything is recorded or launched.
+  for (int i = 0; i < buckets.count; ++i)
+    detail::check_decode(buckets.plans[i], ws, cache, summaries, rows[i], q, out, selection_out,
+                         where);
+  record_buckets(buckets, batch, P, rows, bt, stream,
+                 [&](int i, const BatchView& b, cudaStream_t st) {
+                   decode(buckets.plans[i], ws, cache, summaries, b, q, out, selection_out, st);
+                 });
+}
+
+void score_select_bucketed(const LengthBuckets& buckets, Workspace ws, const SummaryView& summaries,
+                           const BatchView& batch, const QueryView& q, const Selection& out,
+                           cudaStream_t stream) {
+  const char* where = "cuda::score_select_bucketed";
+  const int P = summaries.layout.page_size;
+  BatchView rows[kMaxLengthBuckets];
+  BucketTokens bt{};
+  bucket_rows(buckets, batch, P, rows, bt, where);
+  for (int i = 0; i < buckets.count; ++i)
+    detail::check_score_select(buckets.plans[i], ws, summaries, rows[i], q, out, where);
+  record_buckets(buckets, batch, P, rows, bt, stream,
+                 [&](int i, const BatchView& b, cudaStream_t st) {
+                   score_select(buckets.plans[i], ws, summaries, b, q, out, st);
+                 });
 }
 
 }  // namespace locks::cuda

@@ -1,6 +1,7 @@
-// Length buckets (locks/cuda/length_buckets.h): the step captured with decode_bucketed, replayed
-// with the batch's longest row in each bucket, untrusted lengths included, equals the full
-// plan's eager decode() bit for bit (output, LSE, selection); the replay ran the bucket the
+// Length buckets (locks/cuda/length_buckets.h): the step captured with decode_bucketed (and the
+// selection with score_select_bucketed), replayed with the batch's longest row in each bucket,
+// untrusted lengths included, equals the full plan's eager decode() bit for bit (output, LSE,
+// selection); the replay ran the bucket the
 // lengths ask for (its plan's own workspace regions hold the selection); outside capture it
 // is the full plan's step; a bad call throws before it records or writes anything.
 #include <gtest/gtest.h>
@@ -128,6 +129,17 @@ TEST_P(LengthBuckets, EveryBucketEqualsTheFullPlan) {
     return e;
   };
   cudaGraphExec_t with_sel = capture(graph, true), no_sel = capture(scratch, false);
+  // score_select_bucketed: the selection alone (the torch op's and the vLLM plugin's path).
+  Outputs selected(f, cap);
+  cudaGraphExec_t sel_only;
+  {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    cuda::score_select_bucketed(bk, w, f.sums.view(), f.batch(), qv, selected.sel(cap), st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&sel_only, g, 0));
+    CK(cudaGraphDestroy(g));
+  }
 
   struct Case {
     std::vector<int32_t> lens;
@@ -156,6 +168,10 @@ TEST_P(LengthBuckets, EveryBucketEqualsTheFullPlan) {
     ASSERT_EQ(bits(graph.out.download()), bits(eager.out.download()));
     ASSERT_EQ(bits(graph.lse.download()), bits(eager.lse.download()));
     expect_same_selection(graph, eager, f.B * f.Hkv, cap, "selection_out");
+    selected.poison();
+    CK(cudaGraphLaunch(sel_only, st));
+    CK(cudaStreamSynchronize(st));
+    expect_same_selection(selected, eager, f.B * f.Hkv, cap, "score_select_bucketed");
 
     // Which bucket ran: with no selection_out the step writes its selection into its own
     // plan's regions, which differ from bucket to bucket.
@@ -182,6 +198,7 @@ TEST_P(LengthBuckets, EveryBucketEqualsTheFullPlan) {
 
   CK(cudaGraphExecDestroy(with_sel));
   CK(cudaGraphExecDestroy(no_sel));
+  CK(cudaGraphExecDestroy(sel_only));
   CK(cudaStreamDestroy(st));
 }
 
@@ -263,6 +280,14 @@ TEST(LengthBucketsBadCall, ThrowsBeforeRecordingOrWriting) {
   expect_refused(none, {ws.p, bk.workspace_bytes}, &good, "no bucket");
   const Selection small{o.pages.p, o.counts.p, cap - 1};
   expect_refused(bk, {ws.p, bk.workspace_bytes}, &small, "selection capacity");
+  // score_select_bucketed checks every bucket the same way (here: the workspace).
+  o.poison();
+  const auto counts_before = o.counts.download();
+  EXPECT_THROW(cuda::score_select_bucketed(bk, {ws.p, bk.workspace_bytes - 256}, f.sums.view(),
+                                           f.batch(), qv, good, st),
+               InvalidArgument);
+  CK(cudaStreamSynchronize(st));
+  EXPECT_EQ(o.counts.download(), counts_before);
   CK(cudaStreamDestroy(st));
 }
 

@@ -56,4 +56,11 @@ void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheVi
                      const AttentionOutput& out, const Selection* selection_out,
                      cudaStream_t stream);
 
+// score_select() (score -> aggregate -> select into out) the same way: the part of a step whose
+// work depends on max_blocks_per_seq, for callers that attend separately (the torch op
+// select_pages_bucketed, the vLLM plugin).
+void score_select_bucketed(const LengthBuckets& buckets, Workspace ws, const SummaryView& summaries,
+                           const BatchView& batch, const QueryView& q, const Selection& out,
+                           cudaStream_t stream);
+
 }  // namespace locks::cuda
