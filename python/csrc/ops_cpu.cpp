@@ -39,6 +39,15 @@ struct CpuOps {
                            const locks::QueryView& q, const locks::Selection& sel, Stream) {
     locks::cpu::score_select(p, ws, s, b, q, sel);
   }
+  // No graphs on the CPU: one bucket, the plan itself (length_buckets of a CPU plan).
+  static void score_select_bucketed(const std::vector<locks::DecodePlan>& plans,
+                                    locks::Workspace ws, const locks::SummaryView& s,
+                                    const locks::BatchView& b, const locks::QueryView& q,
+                                    const locks::Selection& sel, Stream) {
+    TORCH_CHECK_VALUE(plans.size() == 1, "select_pages_bucketed: ", plans.size(),
+                      " CPU plans; a CPU plan has one bucket (length_buckets)");
+    locks::cpu::score_select(plans[0], ws, s, b, q, sel);
+  }
   static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
                            const locks::Selection& out, Stream) {
     locks::cpu::request_rows(r, req, H, P, out);

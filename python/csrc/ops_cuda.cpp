@@ -7,6 +7,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
+#include "locks/cuda/length_buckets.h"
 #include "ops_impl.h"
 #include "ops_two_level.h"
 
@@ -42,6 +45,21 @@ struct CudaOps {
                            const locks::SummaryView& s, const locks::BatchView& b,
                            const locks::QueryView& q, const locks::Selection& sel, Stream st) {
     locks::cuda::score_select(p, ws, s, b, q, sel, st);
+  }
+  static void score_select_bucketed(const std::vector<locks::DecodePlan>& plans,
+                                    locks::Workspace ws, const locks::SummaryView& s,
+                                    const locks::BatchView& b, const locks::QueryView& q,
+                                    const locks::Selection& sel, Stream st) {
+    TORCH_CHECK_VALUE(plans.size() <= size_t(locks::cuda::kMaxLengthBuckets),
+                      "select_pages_bucketed: ", plans.size(), " plans, at most ",
+                      locks::cuda::kMaxLengthBuckets);
+    locks::cuda::LengthBuckets bk;
+    bk.count = int(plans.size());
+    for (size_t i = 0; i < plans.size(); ++i) {
+      bk.plans[i] = plans[i];
+      bk.workspace_bytes = std::max(bk.workspace_bytes, plans[i].workspace_bytes);
+    }
+    locks::cuda::score_select_bucketed(bk, ws, s, b, q, sel, st);
   }
   static void request_rows(const locks::RequestRows& r, const locks::Selection& req, int H, int P,
                            const locks::Selection& out, Stream st) {

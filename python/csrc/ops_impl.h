@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "locks/contract.h"
 #include "torch_views.h"
@@ -125,6 +126,40 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
   translate_errors([&] { B::score_select(plan, ws, s, batch, qv, sel, B::stream(dev)); });
 }
 
+// select_pages over length buckets: plans = length_buckets' vectors, concatenated (B decides
+// what runs: the CUDA backend records the bucket choice under capture, the CPU runs the last).
+template <class B>
+void select_pages_bucketed(const at::Tensor& workspace, at::IntArrayRef plans_ints,
+                           const at::Tensor& q, at::TensorList summaries,
+                           const at::Tensor& block_table, const at::Tensor& seq_lens,
+                           const at::Tensor& pages, const at::Tensor& counts) {
+  const at::Device dev = call_device<B>(q, "q");
+  same_device(dev, {{&workspace, "workspace"},
+                    {&q, "q"},
+                    {&block_table, "block_table"},
+                    {&seq_lens, "seq_lens"},
+                    {&pages, "pages"},
+                    {&counts, "counts"}});
+  same_device(dev, summaries, "summaries");
+  typename B::Guard guard(dev);
+  constexpr size_t k = locks::DecodePlan::kNumInts;
+  TORCH_CHECK_VALUE(!plans_ints.empty() && plans_ints.size() % k == 0, "plans: ", plans_ints.size(),
+                    " ints, not a whole number of ", k, "-int plan vectors");
+  std::vector<locks::DecodePlan> plans;
+  for (size_t i = 0; i < plans_ints.size(); i += k)
+    plans.push_back(plan_of(plans_ints.slice(i, k), B::kBackend));
+  const locks::DecodePlan* largest = &plans[0];
+  for (const locks::DecodePlan& p : plans)
+    if (p.workspace_bytes > largest->workspace_bytes) largest = &p;
+  const locks::Workspace ws = workspace_view(workspace, *largest);
+  const locks::SummaryView s = summary_view(summaries, nullptr);
+  const locks::BatchView batch = batch_view(block_table, seq_lens);
+  const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
+  const locks::Selection sel =
+      selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
+  translate_errors([&] { B::score_select_bucketed(plans, ws, s, batch, qv, sel, B::stream(dev)); });
+}
+
 // A request's selection as each of its token rows' (request_rows.h): views, then one call.
 template <class B>
 void request_rows(const at::Tensor& req_pages, const at::Tensor& req_counts,
@@ -202,6 +237,7 @@ void register_ops(torch::Library& m) {
   m.impl("summary_update", &summary_update<B>);
   m.impl("cache_write", &cache_write<B>);
   m.impl("select_pages", &select_pages<B>);
+  m.impl("select_pages_bucketed", &select_pages_bucketed<B>);
   m.impl("request_rows", &request_rows<B>);
   m.impl("decode_attention", &decode_attention<B>);
 }

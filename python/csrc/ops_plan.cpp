@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "locks/contract.h"
+#ifdef LOCKS_WITH_CUDA
+#include "locks/cuda/length_buckets.h"
+#endif
 #include "locks/rules.h"
 #include "torch_views.h"
 
@@ -98,6 +101,27 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
     p.summary = locks::summary_layout_for(p.cache, r, prec);
     out = plan_decode(be, p).to_ints();
   });
+  return out;
+}
+
+std::vector<int64_t> length_buckets(at::IntArrayRef plan, int64_t max_buckets, int64_t min_pages) {
+  locks::DecodePlan p;
+  translate_errors([&] { p = locks::DecodePlan::from_ints(plan.data(), plan.size()); });
+  const int n = to_int(max_buckets, "max_buckets", 1), least = to_int(min_pages, "min_pages", 1);
+  if (p.backend == locks::Backend::cpu) return plan.vec();
+  std::vector<int64_t> out;
+#ifdef LOCKS_WITH_CUDA
+  translate_errors([&] {
+    const locks::cuda::LengthBuckets b = locks::cuda::plan_length_buckets(p.params, n, least);
+    for (int i = 0; i < b.count; ++i) {
+      const std::vector<int64_t> v = b.plans[i].to_ints();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  });
+#else
+  (void)n, (void)least;
+  throw locks::Unsupported("length_buckets: this build of the locks package has no CUDA operators");
+#endif
   return out;
 }
 

@@ -19,6 +19,8 @@ std::vector<int64_t> plan(int64_t backend, int64_t num_blocks, int64_t page_size
                           int64_t super_rank, double alpha, int64_t min_groups,
                           int64_t flat_below_groups);
 
+std::vector<int64_t> length_buckets(at::IntArrayRef plan, int64_t max_buckets, int64_t min_pages);
+
 std::string supports(int64_t backend, int64_t head_dim, int64_t page_size, int64_t group,
                      at::ScalarType kv_dtype, int64_t rank, int64_t precision);
 

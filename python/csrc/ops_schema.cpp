@@ -27,6 +27,12 @@ TORCH_LIBRARY(locks, m) {
       "int super_slots=0, int super_rank=8, float alpha=40.0, int min_groups=32, "
       "int flat_below_groups=8) -> int[]",
       &locks_torch::plan);
+  // The length buckets of a plan (include/locks/cuda/length_buckets.h): the plan vectors of
+  // the same step for max_blocks_per_seq M, M / 2, ... (ascending, at most max_buckets, none
+  // below min_pages pages a row, the given plan last), concatenated. A CPU plan is its own one
+  // bucket (no graphs there).
+  m.def("length_buckets(int[] plan, int max_buckets, int min_pages) -> int[]",
+        &locks_torch::length_buckets);
   // Capability query (include/locks/support.h): "" when supported, else the reason.
   m.def(
       "supports(int backend, int head_dim, int page_size, int group, ScalarType kv_dtype, "
@@ -53,6 +59,14 @@ TORCH_LIBRARY(locks, m) {
   // under the plan's budget. pages [B, H, plan capacity], counts [B, H].
   m.def(
       "select_pages(Tensor(a!) workspace, int[] plan, Tensor q, Tensor[] summaries, "
+      "Tensor block_table, Tensor seq_lens, Tensor(b!) pages, Tensor(c!) counts) -> ()");
+  // select_pages over length buckets (include/locks/cuda/length_buckets.h): plans = the plan
+  // vectors of length_buckets, concatenated. Under CUDA graph capture the op records a choice,
+  // at each replay, of the smallest bucket holding the batch's longest row (a SWITCH node);
+  // otherwise, and on the CPU, the last (full) plan's. The same selection as select_pages with
+  // the last plan, in any case.
+  m.def(
+      "select_pages_bucketed(Tensor(a!) workspace, int[] plans, Tensor q, Tensor[] summaries, "
       "Tensor block_table, Tensor seq_lens, Tensor(b!) pages, Tensor(c!) counts) -> ()");
   // Speculative verification with one selection a request (include/locks/request_rows.h):
   // req_pages [S, H, C] / req_counts [S, H], selected at req_seq_lens [S], become the lists of

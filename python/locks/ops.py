@@ -205,10 +205,38 @@ def plan(*, num_q_heads: int, num_kv_heads: int, head_dim: int, num_blocks: int,
     return list(_ops.plan(*args))
 
 
-def workspace_bytes(**plan_kwargs) -> int:
+def length_buckets(plan_vector: Sequence[int], max_buckets: int, min_pages: int = 1,
+                   device=None) -> list[list[int]]:
+    """The length buckets of a plan (include/locks/cuda/length_buckets.h): the plan vectors of
+    the same step for max_blocks_per_seq M, M / 2, M / 4, ... pages a row (ascending, at most
+    max_buckets, none below min_pages, the given plan last; halving stops where the selection
+    capacity would shrink). A step run through them under CUDA graph capture
+    (DecodeWrapper.plan(length_buckets=...)) costs what the batch's longest row needs, not what
+    the plan's max_blocks_per_seq allows; the results are the same bits. A CPU plan is its own
+    one bucket. device: the CUDA device the plan was made for (its SM count and occupancy)."""
+    v = [int(x) for x in plan_vector]
+    k, m = check_int("max_buckets", max_buckets, lo=1), check_int("min_pages", min_pages, lo=1)
+    if device is not None and torch.device(device).type == "cuda":
+        with torch.cuda.device(torch.device(device)):
+            flat = list(_ops.length_buckets(v, k, m))
+    else:
+        flat = list(_ops.length_buckets(v, k, m))
+    n = len(v)
+    return [flat[i:i + n] for i in range(0, len(flat), n)]
+
+
+_plan_buckets = length_buckets  # (workspace_bytes' argument of the same name hides it)
+
+
+def workspace_bytes(*, length_buckets: int = 1, bucket_min_pages: int = 1, **plan_kwargs) -> int:
     """Bytes of workspace a DecodeWrapper planned with these arguments needs (the plan's
-    own size plus ALIGN bytes of slack: the operators align the start to 256 bytes)."""
-    return plan(**plan_kwargs)[0] + ALIGN
+    own size plus ALIGN bytes of slack: the operators align the start to 256 bytes); with
+    length_buckets > 1 the largest bucket's (one workspace serves every bucket)."""
+    p = plan(**plan_kwargs)
+    if check_int("length_buckets", length_buckets, lo=1) == 1:
+        return p[0] + ALIGN
+    plans = _plan_buckets(p, length_buckets, bucket_min_pages, device=plan_kwargs.get("device"))
+    return max(v[0] for v in plans) + ALIGN
 
 
 def plan_capacity(plan_vector: Sequence[int]) -> int:
@@ -444,6 +472,14 @@ def _cache_write_fake(key, value, k_cache, v_cache, slot_mapping, summaries):
 @torch.library.register_fake("locks::select_pages")
 def _select_pages_fake(workspace, plan, q, summaries, block_table, seq_lens, pages, counts):
     _check_devices("select_pages", workspace, q, summaries, block_table, seq_lens, pages, counts)
+    torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
+
+
+@torch.library.register_fake("locks::select_pages_bucketed")
+def _select_pages_bucketed_fake(workspace, plans, q, summaries, block_table, seq_lens, pages,
+                                counts):
+    _check_devices("select_pages_bucketed", workspace, q, summaries, block_table, seq_lens, pages,
+                   counts)
     torch._check(pages.shape[0] == q.shape[0] and counts.shape[0] == q.shape[0])
 
 

@@ -36,6 +36,7 @@ class DecodeWrapper:
             raise ValueError(f"locks.DecodeWrapper: workspace on {workspace.device}; cpu or cuda tensors only")
         self.workspace = workspace
         self._plan: list[int] | None = None
+        self._buckets: list[int] | None = None
         self.params: dict = {}
 
     # -- host side ---------------------------------------------------------------------------
@@ -46,7 +47,8 @@ class DecodeWrapper:
              scale: float | None = None, device=None, tau: float = 0.0,
              floor_pages: int = 1, dense_below: int = 0, group_pages: int = 0,
              super_slots: int = 0, super_rank: int = 8, alpha: float = 40.0,
-             min_groups: int = 32, flat_below_groups: int = 8) -> "DecodeWrapper":
+             min_groups: int = 32, flat_below_groups: int = 8, length_buckets: int = 1,
+             bucket_min_pages: int = 1) -> "DecodeWrapper":
         """Validate the shape and choose the kernels (once per batch shape; runs on the host,
         may query the GPU; never inside a graph capture). ValueError / NotImplementedError
         for a shape that is wrong / unsupported, ValueError when the workspace is too small.
@@ -55,7 +57,12 @@ class DecodeWrapper:
         shorter than that many tokens attend every page (a minimum context, in-graph).
         group_pages > 0: a two-level plan (run_two_level; locks.two_level): super summaries of
         group_pages pages, super_slots of them stored, rank super_rank, alpha, min_groups,
-        flat_below_groups (locks.ops.plan)."""
+        flat_below_groups (locks.ops.plan). length_buckets > 1 (CUDA, flat plans): select() runs
+        over the plan's length buckets (locks.ops.length_buckets: the same step planned for
+        max_blocks_per_seq, its half, quarter, ..., none below bucket_min_pages pages a row); a
+        CUDA graph captured around it then runs, at each replay, the smallest bucket holding
+        the batch's longest row, with the same results. The workspace must hold the largest
+        bucket's plan (locks.workspace_bytes with the same arguments)."""
         dev = self.workspace.device if device is None else _device(device)
         if _device(dev) != _device(self.workspace.device):
             raise ValueError(f"locks.DecodeWrapper.plan: device {dev} differs from the workspace's "
@@ -70,11 +77,16 @@ class DecodeWrapper:
             params.update(group_pages=group_pages, super_slots=super_slots, super_rank=super_rank,
                           alpha=alpha, min_groups=min_groups, flat_below_groups=flat_below_groups)
         p = ops.plan(**params)
-        need = ops.plan_workspace_bytes(p)
+        buckets = [p]
+        if ops.check_int("length_buckets", length_buckets, lo=1) > 1:
+            buckets = ops.length_buckets(p, length_buckets, bucket_min_pages, device=dev)
+        need = max(ops.plan_workspace_bytes(v) for v in buckets)
         if self.workspace.numel() < need:
             raise ValueError(f"locks.DecodeWrapper.plan: the workspace has {self.workspace.numel()} bytes, "
                              f"this plan needs {need} (allocate locks.workspace_bytes(...) bytes)")
         self._plan, self.params = p, params
+        # The buckets' plan vectors, concatenated (select_pages_bucketed); None for one.
+        self._buckets = [x for v in buckets for x in v] if len(buckets) > 1 else None
         return self
 
     @classmethod
@@ -98,6 +110,14 @@ class DecodeWrapper:
     def plan_vector(self) -> list[int]:
         return list(self._planned())
 
+    @property
+    def length_buckets(self) -> list[list[int]]:
+        """The plan vectors select() runs over (one: the plan itself)."""
+        p = self._planned()
+        if self._buckets is None:
+            return [list(p)]
+        return [self._buckets[i:i + len(p)] for i in range(0, len(self._buckets), len(p))]
+
     # -- run side (no allocation when outputs are given, no host sync) ------------------------
     def select(self, q, summaries, block_table, seq_lens, *, pages=None, counts=None,
                validate=False):
@@ -114,8 +134,12 @@ class DecodeWrapper:
             pages = torch.empty(B, H, ops.plan_capacity(p), dtype=torch.int32, device=q.device)
         if counts is None:
             counts = torch.empty(B, H, dtype=torch.int32, device=q.device)
-        torch.ops.locks.select_pages(self.workspace, p, q, list(summaries), block_table, seq_lens,
-                                     pages, counts)
+        if self._buckets is not None:
+            torch.ops.locks.select_pages_bucketed(self.workspace, self._buckets, q, list(summaries),
+                                                  block_table, seq_lens, pages, counts)
+        else:
+            torch.ops.locks.select_pages(self.workspace, p, q, list(summaries), block_table,
+                                         seq_lens, pages, counts)
         return pages, counts
 
     def request_rows(self, req_pages, req_counts, req_seq_lens, seq_lens, tokens_per_request, *,

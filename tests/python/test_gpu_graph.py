@@ -132,3 +132,36 @@ def test_soak_10000_replays_checked_every_100_memory_flat():
     torch.cuda.synchronize()
     assert checks == steps // every
     assert torch.cuda.memory_allocated() == mem0, "device memory grew over the soak"
+
+
+def test_length_buckets_in_a_torch_graph_equal_the_full_plan():
+    """DecodeWrapper.plan(length_buckets=4): select() captured in a torch CUDA graph (its global
+    capture mode) records the bucket choice and a SWITCH node; every replay, with the longest row
+    in each bucket and an untrusted length, selects what the plain full plan selects eagerly."""
+    B, mb = 3, 512
+    k, v, bt, sl, q = paged(B=B, lens=(16 * 500 + 3, 16 * 200, 40), H=H, Hq=HQ, d=D, seed=5,
+                            spare_blocks=mb - 501)
+    k, v, bt, q = k.cuda(), v.cuda(), bt.cuda(), q.cuda()
+    s = list(ops.new_summaries(k.shape[0], H, D, P, 8, "cuda", "int4"))
+    ops.summary_build(k, full_blocks(bt.cpu(), sl).cuda(), s)
+    kw = dict(num_q_heads=HQ, num_kv_heads=H, head_dim=D, num_blocks=k.shape[0], max_batch=B,
+              max_blocks_per_seq=mb, budget_tokens=512, device="cuda")
+    plain = locks.DecodeWrapper.allocate(**kw)
+    w = locks.DecodeWrapper.allocate(**kw, length_buckets=4)
+    assert [ops.plan_capacity(p) for p in w.length_buckets] == [plain.capacity] * 4
+    assert [p == plain.plan_vector for p in w.length_buckets] == [False, False, False, True]
+    lens = torch.tensor([40, 40, 40], dtype=torch.int32, device="cuda")
+    pages = torch.empty(B, H, w.capacity, dtype=torch.int32, device="cuda")
+    counts = torch.empty(B, H, dtype=torch.int32, device="cuda")
+    g = capture(lambda: w.select(q, s, bt, lens, pages=pages, counts=counts))
+    for case in ([16 * 60, 17, 40], [16 * 64 + 1, 17, 40], [16 * 200, 16 * 130, 40],
+                 [16 * 500 + 3, 16 * 200, 40], [16 * 512 + 1, 0, 40]):  # the last: untrusted
+        lens.copy_(torch.tensor(case, dtype=torch.int32))
+        pages.fill_(-7), counts.fill_(-7)
+        g.replay()
+        rp, rc = plain.select(q, s, bt, lens)
+        torch.cuda.synchronize()
+        assert torch.equal(counts, rc), case
+        for r in range(B * H):
+            n = int(rc.view(-1)[r])
+            assert torch.equal(pages.view(-1, w.capacity)[r, :n], rp.view(-1, w.capacity)[r, :n]), case

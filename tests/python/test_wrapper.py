@@ -249,3 +249,32 @@ def test_hf_layer_grow_keeps_one_wrapper_per_shape():
             layer._append(torch.randn(B, H, 1, D), torch.randn(B, H, 1, D))  # one token
             layer.decode(torch.randn(B, Hq, 1, D), D ** -0.5)
         assert len(plans.wrappers) == 1, f"step {step}: {len(plans.wrappers)} wrappers alive"
+
+
+def test_length_buckets_on_the_cpu_are_the_plan_itself():
+    """A CPU plan is its own one bucket (no graphs there); the bucketed op then equals
+    select_pages, and it refuses several CPU plans or a malformed plan list."""
+    nb, mb = 40, 20
+    k, v, bt, sl, q, s = setup(nb, [300, 130], mb, "int4")
+    kw = plan_kwargs(nb, mb, 2, 64)
+    p = ops.plan(**kw)
+    assert ops.length_buckets(p, 4) == [p]
+    assert locks.workspace_bytes(**kw, length_buckets=4) == locks.workspace_bytes(**kw)
+    w = locks.DecodeWrapper.allocate(**kw, length_buckets=4)
+    assert w.length_buckets == [p]
+    pages, counts = w.select(q, s, bt, sl)
+    ref_p, ref_c = ops.select_pages(q, s, bt, sl, 64)
+    assert torch.equal(pages, ref_p) and torch.equal(counts, ref_c)
+    pg, ct = torch.full_like(pages, -7), torch.full_like(counts, -7)
+    torch.ops.locks.select_pages_bucketed(w.workspace, p, q, list(s), bt, sl, pg, ct)
+    assert torch.equal(pg, ref_p) and torch.equal(ct, ref_c)
+    pg.fill_(-7), ct.fill_(-7)
+    with pytest.raises(ValueError, match="one bucket"):
+        torch.ops.locks.select_pages_bucketed(w.workspace, p + p, q, list(s), bt, sl, pg, ct)
+    with pytest.raises(ValueError, match="whole number"):
+        torch.ops.locks.select_pages_bucketed(w.workspace, p[:-1], q, list(s), bt, sl, pg, ct)
+    assert bool((pg == -7).all()) and bool((ct == -7).all())  # refused: nothing written
+    with pytest.raises(ValueError):
+        ops.length_buckets(p, 0)
+    with pytest.raises(ValueError):
+        ops.length_buckets(p[:5], 2)  # not a plan vector

@@ -34,6 +34,15 @@ def test_settings_defaults_and_sources():
     assert LocksSettings().spec_selection == "token"
     assert parse_settings({"locks": {"spec_selection": "request"}}, environ={}).spec_selection == "request"
     assert parse_settings({}, environ={"LOCKS_SPEC_SELECTION": "request"}).spec_selection == "request"
+    assert LocksSettings().length_buckets == 4
+    assert parse_settings({}, environ={"LOCKS_LENGTH_BUCKETS": "1"}).length_buckets == 1
+
+
+def test_length_bucket_plan_arguments():
+    from locks.vllm.settings import BUCKET_MIN_PAGES, length_bucket_plan
+    assert length_bucket_plan(LocksSettings()) == dict(length_buckets=4, bucket_min_pages=BUCKET_MIN_PAGES)
+    assert length_bucket_plan(LocksSettings(length_buckets=1)) == {}  # off
+    assert length_bucket_plan(LocksSettings(group_pages=32)) == {}  # the two-level step has none
 
 
 @pytest.mark.parametrize("cfg,msg", [
@@ -43,6 +52,7 @@ def test_settings_defaults_and_sources():
     ({"sink_pages": -1}, "sink_pages"), ({"budget": True}, "integer"),
     ({"fused_write": "sometimes"}, "fused_write"), ({"fused_write": 2}, "fused_write"),
     ({"spec_selection": "shared"}, "spec_selection"), ({"spec_selection": 1}, "spec_selection"),
+    ({"length_buckets": 0}, "length_buckets"), ({"length_buckets": 9}, "length_buckets"),
 ])
 def test_settings_refused_with_the_setting_named(cfg, msg):
     with pytest.raises(ValueError, match=msg):

@@ -12,7 +12,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata, FlashA
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from .engine_config import BLOCK_SIZE, settings_from
-from .settings import two_level_plan
+from .settings import length_bucket_plan, two_level_plan
 from .library import ops
 
 
@@ -196,7 +196,8 @@ class LocksMetadataBuilder(FlashAttentionMetadataBuilder):
                     num_blocks=self._num_blocks(), max_batch=mb,
                     max_blocks_per_seq=self.max_blocks, budget_tokens=s.budget, sink_pages=s.sink_pages,
                     recent_pages=s.recent_pages, dense_below=s.effective_min_context,
-                    device=self.device, **two_level_plan(s, self._num_blocks()))
+                    device=self.device, **two_level_plan(s, self._num_blocks()),
+                    **length_bucket_plan(s))
                     for hq, mb in plans)
             self.bufs = DecodeBuffers(max_batch=self.max_batch, num_q_heads=self.num_heads_q,
                                       num_kv_heads=self.num_heads_kv, head_dim=self.headdim,

@@ -12,7 +12,7 @@ from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl, FlashAtten
 from .builder import DecodeBuffers, LocksMetadata, batch_buckets
 from .engine_config import BLOCK_SIZE, _dtype_name, refuse_config, settings_from
 from .library import ops, skip_prefill
-from .settings import SUPER_RANK, flat_below_groups, two_level_plan
+from .settings import SUPER_RANK, flat_below_groups, length_bucket_plan, two_level_plan
 from .side_cache import LocksSummaryCache, SummaryGeometry, side_layer_name
 
 try:  # FlashAttention (CUDA builds of vLLM); CPU tests replace it
@@ -248,7 +248,8 @@ class LocksAttentionImpl(FlashAttentionImpl):
                        page_size=BLOCK_SIZE, rank=s.rank, precision=s.precision, kv_dtype=kv_dtype,
                        num_blocks=num_blocks, max_batch=mb, max_blocks_per_seq=b.block_table.shape[1],
                        budget_tokens=s.budget, sink_pages=s.sink_pages, recent_pages=s.recent_pages,
-                       dense_below=s.effective_min_context, scale=self.scale, device=device, **extra)
+                       dense_below=s.effective_min_context, scale=self.scale, device=device,
+                       **length_bucket_plan(s), **extra)
                 out.append((mb, w))
             return out
 

@@ -156,7 +156,8 @@ class ReferenceWrapper:
     def plan(self, *, num_q_heads, num_kv_heads, head_dim, page_size=16, rank=8, precision="fp32",
              kv_dtype=torch.bfloat16, num_blocks, max_batch, max_blocks_per_seq,
              budget_tokens=2048, sink_pages=0, recent_pages=0, scale=None, device="cpu",
-             dense_below=0):
+             dense_below=0, length_buckets=1, bucket_min_pages=1):
+        # length_buckets: no graphs here, one plan (as the library's CPU plans)
         self.budget, self.sink, self.recent, self.scale = budget_tokens, sink_pages, recent_pages, scale
         self.max_batch, self.page_size = max_batch, page_size
         self.rank, self.dense_below = rank, dense_below

@@ -16,6 +16,9 @@ PRECISIONS = ("int4", "fp32")
 SPEC_SELECTIONS = ("token", "request")
 SUPER_RANK = 8  # the two-level step's group basis rank (TwoLevelConfig's studied default)
 FLAT_BELOW_GROUPS = 8  # TwoLevelConfig::flat_below_groups's default
+LENGTH_BUCKETS_MAX = 8  # locks::cuda::kMaxLengthBuckets
+BUCKET_MIN_PAGES = 2048  # the smallest length bucket's rows (32K tokens of 16): below, a step's
+                         # grids are small whatever the plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,12 @@ class LocksSettings:
     # summaries read once), each token attending over it with its own tail page; flat LOCKS on
     # uniform batches with G (1 + k) <= 32 and 1 + k <= the block size, "token" otherwise.
     spec_selection: str = "token"
+    # Length buckets (flat LOCKS; include/locks/cuda/length_buckets.h): the decode step is planned
+    # for max_model_len, its half, quarter, ... (this many plans, 1 = off; none below
+    # BUCKET_MIN_PAGES pages a row), and each captured step runs the smallest plan that holds the
+    # batch's longest row, so requests much shorter than max_model_len do not pay for its grids
+    # (same results; docs/vllm.md "Length buckets").
+    length_buckets: int = 4
 
     @property
     def effective_min_context(self) -> int:
@@ -73,6 +82,7 @@ ENV = {  # setting -> environment variable
     "two_level_min_context": "LOCKS_TWO_LEVEL_MIN_CONTEXT",
     "fused_write": "LOCKS_FUSED_WRITE",
     "spec_selection": "LOCKS_SPEC_SELECTION",
+    "length_buckets": "LOCKS_LENGTH_BUCKETS",
 }
 
 
@@ -162,6 +172,9 @@ def parse_settings(additional_config: dict | None, environ: dict | None = None,
             f"locks setting 'budget' = {s.budget} tokens gives {s.budget // P} pages of {P}: fewer than "
             f"sink_pages ({s.sink_pages}) + recent_pages ({s.recent_pages}) + 1 tail page; raise the "
             f"budget to at least {(s.sink_pages + s.recent_pages + 1) * P}")
+    if not 1 <= s.length_buckets <= LENGTH_BUCKETS_MAX:
+        raise ValueError(f"locks setting 'length_buckets' must be in [1, {LENGTH_BUCKETS_MAX}] (plans of "
+                         f"max_model_len, its half, ...; 1 = off), got {s.length_buckets}")
     if s.min_context is not None and s.min_context < 0:
         raise ValueError(f"locks setting 'min_context' must be >= 0 or None, got {s.min_context}")
     if s.group_pages:
@@ -201,3 +214,11 @@ def two_level_plan(s: LocksSettings, num_blocks: int, block_size: int = 16) -> d
         return {}
     return dict(group_pages=s.group_pages, super_slots=num_blocks, super_rank=SUPER_RANK, alpha=s.alpha,
                 min_groups=s.min_groups, flat_below_groups=flat_below_groups(s, block_size))
+
+
+def length_bucket_plan(s: LocksSettings) -> dict:
+    """The length-bucket arguments of a plan under settings s (none when off or with two-level
+    LOCKS, whose step has no buckets)."""
+    if s.group_pages or s.length_buckets == 1:
+        return {}
+    return dict(length_buckets=s.length_buckets, bucket_min_pages=BUCKET_MIN_PAGES)
