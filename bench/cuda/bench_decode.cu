@@ -348,10 +348,52 @@ PipelineTime time_pipelined(const RowData& D, const cuda::Plan& plan, int hq,
   return t;
 }
 
+// Pieces of the bucketed step's mechanism, for its cost breakdown (time_buckets): a one-block
+// kernel that reads a length (as the bucket choice does), and one that also sets a graph
+// conditional from it (always 0: the one body of a SWITCH of size 1).
+__global__ void read_len_kernel(const int32_t* lens, int32_t* sink) {
+  if (threadIdx.x == 0 && lens[0] == -12345) *sink = 1;
+}
+__global__ void set_zero_kernel(cudaGraphConditionalHandle h, const int32_t* lens) {
+  if (threadIdx.x == 0) cudaGraphSetConditional(h, lens[0] == -12345 ? 1u : 0u);
+}
+
+// Captures body() as the only body of a SWITCH node on the graph being captured on st, after
+// set_zero_kernel when `set`, else with the node's default value 0.
+template <class Body>
+void capture_switch(cudaStream_t st, const int32_t* lens, bool set, Body body) {
+  cudaStreamCaptureStatus cs;
+  cudaGraph_t graph;
+  CK(cudaStreamGetCaptureInfo(st, &cs, nullptr, &graph, nullptr, nullptr, nullptr));
+  cudaGraphConditionalHandle h;
+  CK(cudaGraphConditionalHandleCreate(&h, graph, 0u, cudaGraphCondAssignDefault));
+  if (set) set_zero_kernel<<<1, 32, 0, st>>>(h, lens);
+  const cudaGraphNode_t* deps;
+  const cudaGraphEdgeData* edges;
+  size_t n = 0;
+  CK(cudaStreamGetCaptureInfo(st, &cs, nullptr, &graph, &deps, &edges, &n));
+  cudaGraphNodeParams np{};
+  np.type = cudaGraphNodeTypeConditional;
+  np.conditional.handle = h;
+  np.conditional.type = cudaGraphCondTypeSwitch;
+  np.conditional.size = 1;
+  cudaGraphNode_t node;
+  CK(cudaGraphAddNode(&node, graph, deps, edges, n, &np));
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCaptureToGraph(side, np.conditional.phGraph_out[0], nullptr, nullptr, 0,
+                                   cudaStreamCaptureModeRelaxed));
+  body(side);
+  cudaGraph_t g;
+  CK(cudaStreamEndCapture(side, &g));
+  CK(cudaStreamDestroy(side));
+  CK(cudaStreamUpdateCaptureDependencies(st, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+}
+
 // The step over K length buckets (--buckets; locks/cuda/length_buckets.h), captured with
 // decode_bucketed and timed beside the plain step's graph (before and after it); its output
 // compared with the plain step's bit for bit.
-void time_buckets(const cuda::Decoder& dec, const RowData& D, const QueryView& qv,
+void time_buckets(cuda::Decoder& dec, const RowData& D, const QueryView& qv,
                   const AttentionOutput& ao, int k, int reps, double t_dense, Graph& g_plain) {
   const cudaStream_t st = D.st;
   const cuda::LengthBuckets bk =
@@ -381,6 +423,29 @@ void time_buckets(const cuda::Decoder& dec, const RowData& D, const QueryView& q
       "%.4f / %.4f ms (before / after); output %s the plain step's\n",
       bk.count, sizes.c_str(), t_b, t_dense / t_b, t_before, t_after,
       std::memcmp(ref.data(), got.data(), n * 4) == 0 ? "bit for bit" : "DIFFERS FROM");
+  // What the mechanism costs: the plain step after a one-block kernel; inside a SWITCH node of
+  // one body (its default value); and inside one set by a kernel (the bucketed step's form
+  // with one bucket).
+  int32_t* sink = nullptr;
+  CK(cudaMalloc(&sink, 4));
+  auto plain = [&](cudaStream_t s2) { dec.run(D.cache, D.s, D.batch, qv, ao, s2); };
+  Graph g_read(
+      [&] {
+        read_len_kernel<<<1, 32, 0, st>>>(D.batch.seq_lens, sink);
+        plain(st);
+      },
+      st);
+  Graph g_sw([&] { capture_switch(st, D.batch.seq_lens, false, plain); }, st);
+  Graph g_set([&] { capture_switch(st, D.batch.seq_lens, true, plain); }, st);
+  const double t_read = median_ms([&] { g_read.launch(st); }, st, reps);
+  const double t_sw = median_ms([&] { g_sw.launch(st); }, st, reps);
+  const double t_set = median_ms([&] { g_set.launch(st); }, st, reps);
+  const double t_plain = median_ms([&] { g_plain.launch(st); }, st, reps);
+  std::printf(
+      "  the mechanism, the plain step %.4f ms: after a one-block kernel %.4f; as the one body of "
+      "a SWITCH node %.4f; of a SWITCH set by a kernel %.4f\n",
+      t_plain, t_read, t_sw, t_set);
+  CK(cudaFree(sink));
   CK(cudaFree(ws));
 }
 

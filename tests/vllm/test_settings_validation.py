@@ -34,15 +34,16 @@ def test_settings_defaults_and_sources():
     assert LocksSettings().spec_selection == "token"
     assert parse_settings({"locks": {"spec_selection": "request"}}, environ={}).spec_selection == "request"
     assert parse_settings({}, environ={"LOCKS_SPEC_SELECTION": "request"}).spec_selection == "request"
-    assert LocksSettings().length_buckets == 4
-    assert parse_settings({}, environ={"LOCKS_LENGTH_BUCKETS": "1"}).length_buckets == 1
+    assert LocksSettings().length_buckets == 1  # off (docs/vllm.md "Length buckets")
+    assert parse_settings({}, environ={"LOCKS_LENGTH_BUCKETS": "4"}).length_buckets == 4
 
 
 def test_length_bucket_plan_arguments():
     from locks.vllm.settings import BUCKET_MIN_PAGES, length_bucket_plan
-    assert length_bucket_plan(LocksSettings()) == dict(length_buckets=4, bucket_min_pages=BUCKET_MIN_PAGES)
-    assert length_bucket_plan(LocksSettings(length_buckets=1)) == {}  # off
-    assert length_bucket_plan(LocksSettings(group_pages=32)) == {}  # the two-level step has none
+    assert length_bucket_plan(LocksSettings(length_buckets=4)) == dict(length_buckets=4,
+                                                                       bucket_min_pages=BUCKET_MIN_PAGES)
+    assert length_bucket_plan(LocksSettings()) == {}  # off by default
+    assert length_bucket_plan(LocksSettings(length_buckets=4, group_pages=32)) == {}  # no two-level buckets
 
 
 @pytest.mark.parametrize("cfg,msg", [

@@ -358,14 +358,14 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
     faster of two long and of two short decodes (N = decode_tokens steps apart; one slow short
     run does not move it), speedups of flat and two-level LOCKS and of the two-launch write
     over FLASH_ATTN, the byte ratios, the engines' settings (CUSTOM_H2 = CUSTOM with
-    group_pages, CUSTOM_SPLIT = CUSTOM with fused_write off, CUSTOM_NB = CUSTOM with
-    length_buckets 1)."""
+    group_pages, CUSTOM_SPLIT = CUSTOM with fused_write off, CUSTOM_LB = CUSTOM with
+    length_buckets 4)."""
     import types
 
     import locks.vllm.check as chk
 
     per_token = {"flash_attn": 0.020, "custom": 0.010, "custom_h2": 0.008, "custom_split": 0.0125,
-                 "custom_nb": 0.0160}  # s
+                 "custom_lb": 0.0160}  # s
     seen = {}
     N = 128
 
@@ -379,7 +379,7 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
 
     monkeypatch.setattr(chk, "run_engine", fake_run)
     a = types.SimpleNamespace(rows="glm 1048576 1", skip_prefill=True, runner="1", glm_kv_groups=0, mem=0.9,
-                              chunk=32768, backends="FLASH_ATTN,CUSTOM,CUSTOM_H2,CUSTOM_SPLIT,CUSTOM_NB", budget=2048,
+                              chunk=32768, backends="FLASH_ATTN,CUSTOM,CUSTOM_H2,CUSTOM_SPLIT,CUSTOM_LB", budget=2048,
                               group_pages=32, fa_splits=32, timeout=10, out=str(tmp_path), kernel_profile=False,
                               decode_tokens=N)
     assert chk.latency(a) == 0
@@ -389,15 +389,15 @@ def test_latency_table_with_the_two_level_backend(monkeypatch, tmp_path, capsys)
     assert row["FLASH_ATTN"]["tpot_ms"] == pytest.approx(20.0)
     assert row["speedup"] == pytest.approx(2.0) and row["speedup_h2"] == pytest.approx(2.5)
     assert row["speedup_split"] == pytest.approx(1.6)
-    assert row["speedup_nb"] == pytest.approx(1.25)
+    assert row["speedup_lb"] == pytest.approx(1.25)
     assert row["bytes_ratio_h2"] > row["bytes_ratio"] > 1
     assert seen["lat-glm-custom_h2"]["attention_backend"] == "CUSTOM"
     assert seen["lat-glm-custom_h2"]["additional_config"] == {"locks": {"budget": 2048, "group_pages": 32}}
     assert seen["lat-glm-custom_split"]["additional_config"] == {"locks": {"budget": 2048, "fused_write": False}}
     out = capsys.readouterr().out
     assert "H2 speedup" in out and "two-launch write (CUSTOM_SPLIT)" in out
-    assert seen["lat-glm-custom_nb"]["additional_config"] == {"locks": {"budget": 2048, "length_buckets": 1}}
-    assert "no length buckets (CUSTOM_NB)" in out
+    assert seen["lat-glm-custom_lb"]["additional_config"] == {"locks": {"budget": 2048, "length_buckets": 4}}
+    assert "4 length buckets (CUSTOM_LB)" in out
 
 
 @needs_ops

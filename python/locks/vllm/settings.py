@@ -61,8 +61,9 @@ class LocksSettings:
     # for max_model_len, its half, quarter, ... (this many plans, 1 = off; none below
     # BUCKET_MIN_PAGES pages a row), and each captured step runs the smallest plan that holds the
     # batch's longest row, so requests much shorter than max_model_len do not pay for its grids
-    # (same results; docs/vllm.md "Length buckets").
-    length_buckets: int = 4
+    # (same results). Off by default: the CUDA-graph SWITCH node that picks the plan costs ~15 us
+    # a layer on an H100, more than a long plan costs most rows (docs/vllm.md "Length buckets").
+    length_buckets: int = 1
 
     @property
     def effective_min_context(self) -> int:
