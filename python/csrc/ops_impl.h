@@ -102,10 +102,17 @@ void cache_write(const at::Tensor& key, const at::Tensor& value, const at::Tenso
   });
 }
 
+// The views of a selection op (select_pages, select_pages_bucketed), its tensors checked.
+struct SelectViews {
+  locks::SummaryView s;
+  locks::BatchView batch;
+  locks::QueryView q;
+  locks::Selection sel;
+};
 template <class B>
-void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
-                  at::TensorList summaries, const at::Tensor& block_table,
-                  const at::Tensor& seq_lens, const at::Tensor& pages, const at::Tensor& counts) {
+at::Device select_device(const at::Tensor& workspace, const at::Tensor& q, at::TensorList summaries,
+                         const at::Tensor& block_table, const at::Tensor& seq_lens,
+                         const at::Tensor& pages, const at::Tensor& counts) {
   const at::Device dev = call_device<B>(q, "q");
   same_device(dev, {{&workspace, "workspace"},
                     {&q, "q"},
@@ -114,16 +121,31 @@ void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const 
                     {&pages, "pages"},
                     {&counts, "counts"}});
   same_device(dev, summaries, "summaries");
+  return dev;
+}
+inline SelectViews select_views(const at::Tensor& q, at::TensorList summaries,
+                                const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                const at::Tensor& pages, const at::Tensor& counts) {
+  SelectViews v;
+  v.s = summary_view(summaries, nullptr);
+  v.batch = batch_view(block_table, seq_lens);
+  v.q = query_view(q, v.batch.batch_size, v.s.layout.head_dim);
+  v.sel = selection_view(pages, counts, v.batch.batch_size, v.s.layout.num_kv_heads);
+  return v;
+}
+
+template <class B>
+void select_pages(const at::Tensor& workspace, at::IntArrayRef plan_ints, const at::Tensor& q,
+                  at::TensorList summaries, const at::Tensor& block_table,
+                  const at::Tensor& seq_lens, const at::Tensor& pages, const at::Tensor& counts) {
+  const at::Device dev =
+      select_device<B>(workspace, q, summaries, block_table, seq_lens, pages, counts);
   typename B::Guard guard(dev);
   const locks::DecodePlan plan = plan_of(plan_ints, B::kBackend);
   const locks::Workspace ws = workspace_view(workspace, plan);
-  const locks::SummaryView s = summary_view(summaries, nullptr);
-  const locks::BatchView batch = batch_view(block_table, seq_lens);
-  const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
-  const locks::Selection sel =
-      selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
+  const SelectViews v = select_views(q, summaries, block_table, seq_lens, pages, counts);
   // The scores live in the plan's workspace regions (contract.h, score_select).
-  translate_errors([&] { B::score_select(plan, ws, s, batch, qv, sel, B::stream(dev)); });
+  translate_errors([&] { B::score_select(plan, ws, v.s, v.batch, v.q, v.sel, B::stream(dev)); });
 }
 
 // select_pages over length buckets: plans = length_buckets' vectors, concatenated (B decides
@@ -133,14 +155,8 @@ void select_pages_bucketed(const at::Tensor& workspace, at::IntArrayRef plans_in
                            const at::Tensor& q, at::TensorList summaries,
                            const at::Tensor& block_table, const at::Tensor& seq_lens,
                            const at::Tensor& pages, const at::Tensor& counts) {
-  const at::Device dev = call_device<B>(q, "q");
-  same_device(dev, {{&workspace, "workspace"},
-                    {&q, "q"},
-                    {&block_table, "block_table"},
-                    {&seq_lens, "seq_lens"},
-                    {&pages, "pages"},
-                    {&counts, "counts"}});
-  same_device(dev, summaries, "summaries");
+  const at::Device dev =
+      select_device<B>(workspace, q, summaries, block_table, seq_lens, pages, counts);
   typename B::Guard guard(dev);
   constexpr size_t k = locks::DecodePlan::kNumInts;
   TORCH_CHECK_VALUE(!plans_ints.empty() && plans_ints.size() % k == 0, "plans: ", plans_ints.size(),
@@ -152,12 +168,9 @@ void select_pages_bucketed(const at::Tensor& workspace, at::IntArrayRef plans_in
   for (const locks::DecodePlan& p : plans)
     if (p.workspace_bytes > largest->workspace_bytes) largest = &p;
   const locks::Workspace ws = workspace_view(workspace, *largest);
-  const locks::SummaryView s = summary_view(summaries, nullptr);
-  const locks::BatchView batch = batch_view(block_table, seq_lens);
-  const locks::QueryView qv = query_view(q, batch.batch_size, s.layout.head_dim);
-  const locks::Selection sel =
-      selection_view(pages, counts, batch.batch_size, s.layout.num_kv_heads);
-  translate_errors([&] { B::score_select_bucketed(plans, ws, s, batch, qv, sel, B::stream(dev)); });
+  const SelectViews v = select_views(q, summaries, block_table, seq_lens, pages, counts);
+  translate_errors(
+      [&] { B::score_select_bucketed(plans, ws, v.s, v.batch, v.q, v.sel, B::stream(dev)); });
 }
 
 // A request's selection as each of its token rows' (request_rows.h): views, then one call.

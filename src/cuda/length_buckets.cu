@@ -202,39 +202,48 @@ void record_buckets(const LengthBuckets& buckets, const BatchView& batch, int pa
 
 }  // namespace
 
+namespace {
+// A bucketed op: check(plan, rows) for every bucket before anything is recorded or launched, then
+// run(plan, rows, stream) under record_buckets.
+template <class Check, class Run>
+void bucketed(const LengthBuckets& buckets, const BatchView& batch, int page_size,
+              cudaStream_t stream, const char* where, Check check, Run run) {
+  BatchView rows[kMaxLengthBuckets];
+  BucketTokens bt{};
+  bucket_rows(buckets, batch, page_size, rows, bt, where);
+  for (int i = 0; i < buckets.count; ++i) check(buckets.plans[i], rows[i]);
+  record_buckets(buckets, batch, page_size, rows, bt, stream,
+                 [&](int i, const BatchView& b, cudaStream_t st) { run(buckets.plans[i], b, st); });
+}
+}  // namespace
+
 void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheView& cache,
                      const SummaryView& summaries, const BatchView& batch, const QueryView& q,
                      const AttentionOutput& out, const Selection* selection_out,
                      cudaStream_t stream) {
   const char* where = "cuda::decode_bucketed";
-  const int P = cache.layout.page_size;
-  BatchView rows[kMaxLengthBuckets];
-  BucketTokens bt{};
-  bucket_rows(buckets, batch, P, rows, bt, where);
-  // Every bucket's step checked before anything is recorded or launched.
-  for (int i = 0; i < buckets.count; ++i)
-    detail::check_decode(buckets.plans[i], ws, cache, summaries, rows[i], q, out, selection_out,
-                         where);
-  record_buckets(buckets, batch, P, rows, bt, stream,
-                 [&](int i, const BatchView& b, cudaStream_t st) {
-                   decode(buckets.plans[i], ws, cache, summaries, b, q, out, selection_out, st);
-                 });
+  bucketed(
+      buckets, batch, cache.layout.page_size, stream, where,
+      [&](const DecodePlan& p, const BatchView& b) {
+        detail::check_decode(p, ws, cache, summaries, b, q, out, selection_out, where);
+      },
+      [&](const DecodePlan& p, const BatchView& b, cudaStream_t st) {
+        decode(p, ws, cache, summaries, b, q, out, selection_out, st);
+      });
 }
 
 void score_select_bucketed(const LengthBuckets& buckets, Workspace ws, const SummaryView& summaries,
                            const BatchView& batch, const QueryView& q, const Selection& out,
                            cudaStream_t stream) {
   const char* where = "cuda::score_select_bucketed";
-  const int P = summaries.layout.page_size;
-  BatchView rows[kMaxLengthBuckets];
-  BucketTokens bt{};
-  bucket_rows(buckets, batch, P, rows, bt, where);
-  for (int i = 0; i < buckets.count; ++i)
-    detail::check_score_select(buckets.plans[i], ws, summaries, rows[i], q, out, where);
-  record_buckets(buckets, batch, P, rows, bt, stream,
-                 [&](int i, const BatchView& b, cudaStream_t st) {
-                   score_select(buckets.plans[i], ws, summaries, b, q, out, st);
-                 });
+  bucketed(
+      buckets, batch, summaries.layout.page_size, stream, where,
+      [&](const DecodePlan& p, const BatchView& b) {
+        detail::check_score_select(p, ws, summaries, b, q, out, where);
+      },
+      [&](const DecodePlan& p, const BatchView& b, cudaStream_t st) {
+        score_select(p, ws, summaries, b, q, out, st);
+      });
 }
 
 }  // namespace locks::cuda
