@@ -414,6 +414,25 @@ void time_buckets(cuda::Decoder& dec, const RowData& D, const QueryView& qv,
   const double t_b = median_ms([&] { g.launch(st); }, st, reps);
   CK(cudaStreamSynchronize(st));
   CK(cudaMemcpy(got.data(), ao.out, n * 4, cudaMemcpyDeviceToHost));
+  const bool bucket_same = std::memcmp(ref.data(), got.data(), n * 4) == 0;
+  // The vLLM plugin's form: the selection over the buckets (score_select_bucketed), then the
+  // attention outside the SWITCH node (it does not depend on the plan's rows).
+  const int cap = bk.plans[bk.count - 1].capacity;
+  const size_t sel_n = size_t(D.batch.batch_size) * D.L.num_kv_heads;
+  int32_t *pages = nullptr, *counts = nullptr;
+  CK(cudaMalloc(&pages, sel_n * cap * 4));
+  CK(cudaMalloc(&counts, sel_n * 4));
+  const Selection sel{pages, counts, cap};
+  Graph g_sel(
+      [&] {
+        cuda::score_select_bucketed(bk, {ws, bk.workspace_bytes}, D.s, D.batch, qv, sel, st);
+        dec.attend(D.cache, D.batch, qv, &sel, ao, st);
+      },
+      st);
+  const double t_sel = median_ms([&] { g_sel.launch(st); }, st, reps);
+  CK(cudaStreamSynchronize(st));
+  CK(cudaMemcpy(got.data(), ao.out, n * 4, cudaMemcpyDeviceToHost));
+  const bool sel_same = std::memcmp(ref.data(), got.data(), n * 4) == 0;
   const double t_after = median_ms([&] { g_plain.launch(st); }, st, reps);
   std::string sizes;
   for (int i = 0; i < bk.count; ++i)
@@ -422,7 +441,13 @@ void time_buckets(cuda::Decoder& dec, const RowData& D, const QueryView& qv,
       "  length buckets (%d plans of %s pages a row): %.4f ms = %.2fx dense; the plain step "
       "%.4f / %.4f ms (before / after); output %s the plain step's\n",
       bk.count, sizes.c_str(), t_b, t_dense / t_b, t_before, t_after,
-      std::memcmp(ref.data(), got.data(), n * 4) == 0 ? "bit for bit" : "DIFFERS FROM");
+      bucket_same ? "bit for bit" : "DIFFERS FROM");
+  std::printf(
+      "  the plugin's form (score_select_bucketed, then the attention outside the node): %.4f ms; "
+      "output %s the plain step's\n",
+      t_sel, sel_same ? "bit for bit" : "DIFFERS FROM");
+  CK(cudaFree(pages));
+  CK(cudaFree(counts));
   // What the mechanism costs: the plain step after a one-block kernel; inside a SWITCH node of
   // one body (its default value); and inside one set by a kernel (the bucketed step's form
   // with one bucket).
