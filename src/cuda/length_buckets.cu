@@ -40,20 +40,11 @@ __global__ void __launch_bounds__(kChooseThreads)
   }
 }
 
-bool same_layouts(const CacheLayout& a, const CacheLayout& b) {
-  return a.num_blocks == b.num_blocks && a.page_size == b.page_size &&
-         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim && a.dtype == b.dtype;
-}
-bool same_layouts(const SummaryLayout& a, const SummaryLayout& b) {
-  return a.num_blocks == b.num_blocks && a.page_size == b.page_size &&
-         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim && a.rank == b.rank &&
-         a.precision == b.precision && a.basis_group == b.basis_group;
-}
-// The same step but for max_blocks_per_seq (every field a bucket plan copies from params).
+// The same step but for max_blocks_per_seq: every field a bucket plan copies from params, but
+// the layouts (bucket_rows checks them with the run checks, check_run_cache / _summary).
 bool same_step(const DecodeParams& a, const DecodeParams& b) {
   const SelectConfig &x = a.select, &y = b.select;
-  return same_layouts(a.cache, b.cache) && same_layouts(a.summary, b.summary) &&
-         a.num_q_heads == b.num_q_heads && a.max_batch == b.max_batch && a.scale == b.scale &&
+  return a.num_q_heads == b.num_q_heads && a.max_batch == b.max_batch && a.scale == b.scale &&
          x.budget_tokens == y.budget_tokens && x.sink_pages == y.sink_pages &&
          x.recent_pages == y.recent_pages && x.tau == y.tau && x.floor_pages == y.floor_pages &&
          x.dense_below == y.dense_below && a.score_chunk_pages == b.score_chunk_pages &&
@@ -141,6 +132,8 @@ void bucket_rows(const LengthBuckets& buckets, const BatchView& batch, int page_
   bt.count = n;
   for (int i = 0; i < n; ++i) {
     const DecodePlan& p = buckets.plans[i];
+    locks::detail::check_run_cache(full, p.params.cache, where);
+    locks::detail::check_run_summary(full, p.params.summary, where);
     if (!same_step(p.params, full.params) || p.capacity != full.capacity)
       locks::detail::fail(where, "bucket ", i, " plans another step than the last bucket's");
     if (i > 0 && p.params.max_blocks_per_seq <= buckets.plans[i - 1].params.max_blocks_per_seq)
