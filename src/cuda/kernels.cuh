@@ -35,7 +35,8 @@ void launch_score(const SummaryView& s, const BatchView& batch, QIn q, int num_q
                   cudaStream_t st, int64_t bt_head_stride = 0, bool whole_rows = true);
 // Pages per scoring block on the tensor-core path: 128, halved (down to 32) while the grid
 // of (chunk, KV head, sequence) blocks would fill less than half a wave of the GPU; where
-// 128 leaves a partial second wave, the one of 128 / 96 / 64 with the fewest waves x pages.
+// 128 leaves a partial second wave, the one of 128 / 96 / 64 with the fewest waves x pages;
+// over two waves 128, or 64 for the d 128 instance of G <= 4 (long_grid_chunk).
 int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, int sms);
 bool score_uses_tensor_cores(const SummaryLayout& s, int group);
 // Raises the dynamic shared-memory limits once (outside any graph capture).

@@ -16,9 +16,22 @@ constexpr bool score_chunk_supported(int cp) {
   return cp == 32 || cp == 64 || cp == 96 || cp == 128;
 }
 
+// The size on grids over two waves: 128, but 64 for the kernel instance of d 128 with at most
+// 4 heads a block (Llama-3.1-8B's G 4). There, halving the blocks halves the last wave's tail,
+// and the instance's per-block query work is small: on an H100 (2026-12-07, each row twice, six
+// Llama-3.1-8B rows of 5-21 waves) the step was 0.7-2.0% faster at 64 (128K b8 0.2367 -> 0.2319
+// ms). The other instances lost or split at 64 (G 5-8: Qwen2.5-7B +0.8%, Llama-3.1-70B TP8
+// -0.7%; Gemma-3-4B, d 256: +1.8%; GLM-4-9B, G 16, whose two n-tiles of query fragments double
+// that work: +13.6%), or were not measured (d 64).
+constexpr int long_grid_chunk(int head_dim, int heads_per_block) {
+  return head_dim == 128 && heads_per_block <= 4 ? 64 : kScoreChunk;
+}
+
 // rows: blocks per chunk of pages (sequences x KV heads x head slices); max_pages: pages a
-// sequence; slots: resident blocks on the whole GPU. Returns 128, 96, 64 or 32.
-inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots) {
+// sequence; slots: resident blocks on the whole GPU; long_grid: the size over two waves
+// (long_grid_chunk). Returns 128, 96, 64 or 32.
+inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots,
+                            int long_grid = kScoreChunk) {
   constexpr int kMax = kScoreChunk, kMin = kScoreChunkMin;
   auto blocks = [&](int cp) { return rows * ((max_pages + cp - 1) / cp); };
   // Under a wave: halve while the grid would fill less than half of it (v13: at 128K batch 1,
@@ -33,8 +46,8 @@ inline int score_chunk_rule(int64_t rows, int64_t max_pages, int64_t slots) {
   // Up to two waves the second, partial one costs a whole block time: the size with the fewest
   // (whole waves x pages a block) wins, ties to the larger (v22: Llama-3.1-8B 256K batch 1,
   // 1024 blocks of 128 on 792 slots -> 1368 of 96: scoring 52.5 -> 48.2 us). Longer grids keep
-  // 128 (blocks finish at staggered times; the tail is about half a block).
-  if (blocks(kMax) > 2 * slots) return kMax;
+  // the long-grid size (blocks finish at staggered times; the tail is about half a block).
+  if (blocks(kMax) > 2 * slots) return long_grid;
   int best = kMax;
   int64_t best_cost = 0;
   for (int cp : {kMax, 96, 64}) {

@@ -32,8 +32,9 @@ int score_chunk_pages(int head_dim, int group, int64_t rows, int64_t max_pages, 
   LOCKS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &per_sm, mma_kernel_for(head_dim, group), kMmaWarps * 32, size_t(mma_smem_for(head_dim))));
   const int64_t slots = int64_t(std::max(per_sm, 1)) * sms;
-  rows *= mma_slices(head_dim, group).n;  // blocks per (chunk, sequence, KV head)
-  return score_chunk_rule(rows, max_pages, slots);
+  const HeadSlices hs = mma_slices(head_dim, group);
+  rows *= hs.n;  // blocks per (chunk, sequence, KV head)
+  return score_chunk_rule(rows, max_pages, slots, long_grid_chunk(head_dim, hs.width));
 }
 
 }  // namespace locks::cuda::detail

@@ -410,9 +410,10 @@ TEST(DecodePlan, RejectsUnsupportedShapes) {
   EXPECT_THROW(make(CacheLayout{8, 16, 2, 128, DType::bf16}, 8, 8), Error);     // budget < 1 page
 }
 
-// The scoring chunk rule (score_mma.cu, score_chunk_pages) on Llama-3.1-8B shapes: 128 where
-// the grid holds two waves or more, smaller under half a wave, 96 where 128 leaves a partial
-// second wave on the H200's 132 SMs; forced sizes outside the set are refused.
+// The scoring chunk rule (score_mma.cu, score_chunk_pages) on Llama-3.1-8B shapes: 64 where
+// the grid holds two waves or more (long_grid_chunk of its G 4 instance), smaller than 128
+// under half a wave, 96 where 128 leaves a partial second wave on the H200's 132 SMs; forced
+// sizes outside the set are refused.
 TEST(DecodePlan, ScoreChunkRule) {
   SKIP_WITHOUT_GPU();
   auto chunk = [](int B, int M, int forced) {
@@ -425,9 +426,9 @@ TEST(DecodePlan, ScoreChunkRule) {
     p.score_chunk_pages = forced;
     return cuda::plan_decode(p).score_chunk_pages;
   };
-  EXPECT_EQ(chunk(1, 65536, 0), 128);  // 1M batch 1: 4096 blocks of 128, > 2 waves
-  EXPECT_EQ(chunk(8, 8192, 0), 128);   // 128K batch 8
-  EXPECT_LT(chunk(1, 512, 0), 128);    // 8K batch 1: 32 blocks of 128 would idle the GPU
+  EXPECT_EQ(chunk(1, 65536, 0), 64);  // 1M batch 1: 4096 blocks of 128, > 2 waves
+  EXPECT_EQ(chunk(8, 8192, 0), 64);   // 128K batch 8
+  EXPECT_LT(chunk(1, 512, 0), 128);   // 8K batch 1: 32 blocks of 128 would idle the GPU
   for (const int cp : {32, 64, 96, 128}) EXPECT_EQ(chunk(1, 8192, cp), cp);
   for (const int cp : {-1, 16, 48, 100, 256})
     EXPECT_THROW(chunk(1, 8192, cp), InvalidArgument) << cp;

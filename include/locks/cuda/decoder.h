@@ -35,7 +35,8 @@ struct Plan {
   DecodeConfig cfg;
   // Pages per scoring block on the tensor-core path: 0 = chosen from the plan (128, halved
   // down to 32 while the grid would fill less than half a wave; 96 or 64 where 128 leaves a
-  // partial second wave); 32, 64, 96 or 128 to force one.
+  // partial second wave; 64 over two waves at d 128 with G <= 4); 32, 64, 96 or 128 to force
+  // one.
   int score_chunk_pages = 0;
   // Pages per first-stage selection block: 0 = chosen from the plan (2048 up to 16K pages a
   // sequence, 4096 above); 2048 or 4096 to force one.
