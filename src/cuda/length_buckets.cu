@@ -193,9 +193,6 @@ void record_buckets(const LengthBuckets& buckets, const BatchView& batch, int pa
                                                        cudaStreamSetCaptureDependencies));
 }
 
-}  // namespace
-
-namespace {
 // A bucketed op: check(plan, rows) for every bucket before anything is recorded or launched, then
 // run(plan, rows, stream) under record_buckets.
 template <class Check, class Run>
@@ -208,6 +205,7 @@ void bucketed(const LengthBuckets& buckets, const BatchView& batch, int page_siz
   record_buckets(buckets, batch, page_size, rows, bt, stream,
                  [&](int i, const BatchView& b, cudaStream_t st) { run(buckets.plans[i], b, st); });
 }
+
 }  // namespace
 
 void decode_bucketed(const LengthBuckets& buckets, Workspace ws, const KvCacheView& cache,
