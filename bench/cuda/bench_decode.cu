@@ -33,8 +33,9 @@
 //   --row-tokens N (flat rows named with --only, N <= CONTEXT): every row holds N tokens while the
 //   cache, block table and plan are sized for CONTEXT, as in a vLLM engine whose max_model_len is
 //   CONTEXT serving shorter requests (the plan's max_blocks_per_seq comes from max_model_len).
-//   dense_ms is the dense kernel over the same N-token rows. The CSV's row_tokens column holds
-//   N (CONTEXT without the option).
+//   dense_ms is the dense kernel over the same N-token rows, and score_ms the step's scorer
+//   (score + aggregate + select less the latter two: score_pages alone writes whole rows). The
+//   CSV's row_tokens column holds N (CONTEXT without the option).
 //   --buckets K (flat rows, one row a sequence): also the step over K length buckets
 //   (locks/cuda/length_buckets.h: plans for the row's max_blocks_per_seq M, M / 2, ..., and a
 //   SWITCH node that runs the smallest holding the batch's longest row), captured and timed
@@ -557,13 +558,19 @@ void run_row(const Model& m, int64_t ctx, int B, const Opts& o) {
       Graph g_once([&] { dec.run_dense(cache, once, qv, ao, st); }, st);
       t_dense_once = median_ms([&] { g_once.launch(st); }, st, reps);
     }
-    const double t_score = median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
     // With a selection cluster the step aggregates and selects in one launch: its time is
     // sel_ms and agg_ms is 0.
     const int cluster = dec.select_cluster();
     const double t_agg = cluster ? 0.0 : median_ms([&] { dec.aggregate(batch, st); }, st, reps);
     const double t_sel = cluster ? median_ms([&] { dec.aggregate_select(batch, st); }, st, reps)
                                  : median_ms([&] { dec.select(batch, st); }, st, reps);
+    // Rows shorter than the plan (--row-tokens): score() writes each row whole (-inf past its
+    // full pages), which the step's scorer skips, so there the scoring stage is the step's
+    // score + aggregate + select less the latter two timed alone.
+    const double t_score =
+        o.row_tokens > 0
+            ? median_ms([&] { dec.score_select(s, batch, qv, st); }, st, reps) - t_agg - t_sel
+            : median_ms([&] { dec.score(s, batch, qv, st); }, st, reps);
     const Selection sel = dec.selection();
     const double t_attn = median_ms([&] { dec.attend(cache, batch, qv, &sel, ao, st); }, st, reps);
     // Incremental summary build in the step's graph: every sequence completes a page;

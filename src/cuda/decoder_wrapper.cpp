@@ -68,6 +68,11 @@ void Decoder::aggregate_select(const BatchView& batch, cudaStream_t st) {
                          selection(), st);
 }
 
+void Decoder::score_select(const SummaryView& s, const BatchView& batch, const QueryView& q,
+                           cudaStream_t st) {
+  cuda::score_select(dplan_, ws_, s, batch, q, selection(), st);
+}
+
 int Decoder::select_cluster() const { return dplan_.select_cluster; }
 
 void Decoder::attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,

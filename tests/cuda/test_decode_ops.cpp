@@ -145,6 +145,19 @@ TEST_P(DecodeOpsTest, EveryStageMatchesTheCpu) {
   cpu::select_pages(ga.data(), hb, c.Hkv, P, c.sel, Selection{cp.data(), ccnt.data(), cap});
   EXPECT_EQ(gcnt, ccnt);
   EXPECT_EQ(gp, cp);
+  // 3b. score + aggregate + select as the step runs them (Decoder::score_select: head scores
+  // not written past the rows' full pages, the plan's fused or separate selection): the same.
+  {
+    cuda::Decoder sd(plan);
+    sd.score_select(gs.view(), db, dqv, nullptr);
+    CK(cudaDeviceSynchronize());
+    const Selection ss = sd.selection();
+    std::vector<int32_t> sp(gp.size()), scnt(gcnt.size());
+    CK(cudaMemcpy(sp.data(), ss.pages, sp.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(scnt.data(), ss.counts, scnt.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(scnt, gcnt);
+    EXPECT_EQ(sp, gp);
+  }
 
   // 4. sparse attention with the GPU selection, dense attention: vs float64 reference.
   const Selection hsel{gp.data(), gcnt.data(), cap};

@@ -78,6 +78,10 @@ class Decoder {
   void select(const BatchView& batch, cudaStream_t stream);     // -> selection()
   // aggregate + select as the step runs them (one launch where the plan chose it).
   void aggregate_select(const BatchView& batch, cudaStream_t stream);
+  // score + aggregate + select as the step runs them: the head scores are not written past each
+  // row's full pages (score() writes them whole, which costs blocks past short rows).
+  void score_select(const SummaryView& summaries, const BatchView& batch, const QueryView& q,
+                    cudaStream_t stream);
   int select_cluster() const;  // the plan's choice (0: separate launches)
   void attend(const KvCacheView& cache, const BatchView& batch, const QueryView& q,
               const Selection* sel, const AttentionOutput& out, cudaStream_t stream);
