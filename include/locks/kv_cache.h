@@ -65,8 +65,14 @@ struct BatchView {
   int max_blocks_per_seq = 0;
 };
 
+// A cache's head_dim: even (the int4 summaries pack two dims a byte) and in [8, 512] (every
+// model's, with room: 64-256 in the common ones, 80 in Phi-2 and StableLM, 96 in Phi-3). What
+// each backend runs of that: locks/support.h (the CUDA kernels: 64, 128, 256).
+inline constexpr int kMinHeadDim = 8, kMaxHeadDim = 512;
+constexpr bool head_dim_valid(int d) { return d >= kMinHeadDim && d <= kMaxHeadDim && d % 2 == 0; }
+
 // Throws locks::Error unless layout describes a usable cache:
-// num_blocks >= 1, page_size in [2, 256], num_kv_heads >= 1, head_dim in {32, 64, 96, 128, 256}.
+// num_blocks >= 1, page_size in [2, 256], num_kv_heads >= 1, head_dim_valid(head_dim).
 void validate_layout(const CacheLayout& layout);
 // Throws locks::Error unless cache is usable: validate_layout(cache.layout); block_stride 0 or
 // in [block_elems(), INT64_MAX / num_blocks] (blocks may not overlap each other; offsets must

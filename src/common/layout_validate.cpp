@@ -14,8 +14,8 @@ void validate_layout(const CacheLayout& layout) {
                 "page_size must be in [2, 256], got ", layout.page_size);
   LOCKS_REQUIRE(layout.num_kv_heads >= 1, "num_kv_heads must be >= 1, got ", layout.num_kv_heads);
   const int d = layout.head_dim;
-  LOCKS_REQUIRE(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
-                "head_dim must be one of 32, 64, 96, 128, 256, got ", d);
+  LOCKS_REQUIRE(head_dim_valid(d), "head_dim must be even and in [", kMinHeadDim, ", ", kMaxHeadDim,
+                "], got ", d);
   LOCKS_REQUIRE(dtype_known(layout.dtype), "unknown dtype code ", static_cast<int>(layout.dtype));
 }
 

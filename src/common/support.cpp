@@ -6,6 +6,7 @@
 
 #include "locks/cuda/limits.h"
 #include "locks/error.h"
+#include "locks/kv_cache.h"
 
 namespace locks {
 namespace {
@@ -21,8 +22,8 @@ bool precision_known(Precision p) { return int(p) == 0 || int(p) == 1; }
 
 Support cpu_supports(const DecodeShape& s) {
   const int d = s.head_dim;
-  if (!(d == 32 || d == 64 || d == 96 || d == 128 || d == 256))
-    return no("cpu: head_dim must be one of 32, 64, 96, 128, 256, got ", d);
+  if (!head_dim_valid(d))
+    return no("cpu: head_dim must be even and in [", kMinHeadDim, ", ", kMaxHeadDim, "], got ", d);
   if (s.page_size < 2 || s.page_size > 256)
     return no("cpu: page_size must be in [2, 256], got ", s.page_size);
   if (s.group < 1) return no("cpu: GQA group must be >= 1, got ", s.group);

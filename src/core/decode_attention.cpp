@@ -103,9 +103,12 @@ struct Scratch {
     for (int s = 0; s < n; ++s) w.logits[s] = detail::exp_nonpos(w.logits[s] - m);
     for (int s = 0; s < n; ++s) l += w.logits[s];
     sh[1] = l;
-    // acc += sum_s p_s v_s, 16 output dims at a time kept in registers over the page.
-    constexpr int B = 16;  // head_dim is a multiple of 32
-    for (int e0 = 0; e0 < d; e0 += B) {
+    // acc += sum_s p_s v_s, 16 output dims at a time kept in registers over the page; the
+    // dims past the last 16 (head dims that are no multiple of 16) one at a time, in the same
+    // order over s.
+    constexpr int B = 16;
+    const int d16 = d - d % B;
+    for (int e0 = 0; e0 < d16; e0 += B) {
       float t[B];
       for (int e = 0; e < B; ++e) t[e] = acc[e0 + e];
       for (int s = 0; s < n; ++s) {
@@ -114,6 +117,11 @@ struct Scratch {
         for (int e = 0; e < B; ++e) t[e] += p * v[e];
       }
       for (int e = 0; e < B; ++e) acc[e0 + e] = t[e];
+    }
+    for (int e = d16; e < d; ++e) {
+      float t = acc[e];
+      for (int s = 0; s < n; ++s) t += w.logits[s] * w.vrow[s][e];
+      acc[e] = t;
     }
   }
 }

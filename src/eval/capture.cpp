@@ -12,6 +12,7 @@
 
 #include "locks/error.h"
 #include "locks/io/files.h"
+#include "locks/kv_cache.h"
 #include "locks/npy.h"
 
 namespace locks::eval {
@@ -137,9 +138,8 @@ void validate_capture_meta(const CaptureMeta& m) {
   LOCKS_REQUIRE(m.q_heads >= 1 && m.q_heads % m.kv_heads == 0,
                 "meta.json: q_heads must be a positive multiple of kv_heads (", m.kv_heads,
                 "), got ", m.q_heads);
-  LOCKS_REQUIRE(m.head_dim == 32 || m.head_dim == 64 || m.head_dim == 96 || m.head_dim == 128 ||
-                    m.head_dim == 256,
-                "meta.json: head_dim must be one of 32, 64, 96, 128, 256, got ", m.head_dim);
+  LOCKS_REQUIRE(head_dim_valid(m.head_dim), "meta.json: head_dim must be even and in [",
+                kMinHeadDim, ", ", kMaxHeadDim, "], got ", m.head_dim);
   LOCKS_REQUIRE(!m.positional_encoding.empty(),
                 "meta.json: positional_encoding must be a non-empty string (\"rope\", \"none\")");
   LOCKS_REQUIRE(m.keys == "pre_rope" || m.keys == "post_rope",

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "locks/error.h"
+#include "locks/kv_cache.h"
 
 namespace locks::ref::detail {
 
@@ -12,8 +13,8 @@ void check_cache_layout(const CacheLayout& l) {
                 l.page_size);
   LOCKS_REQUIRE(l.num_kv_heads >= 1, "num_kv_heads must be >= 1, got ", l.num_kv_heads);
   const int d = l.head_dim;
-  LOCKS_REQUIRE(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
-                "head_dim must be one of 32, 64, 96, 128, 256, got ", d);
+  LOCKS_REQUIRE(head_dim_valid(d), "head_dim must be even and in [", kMinHeadDim, ", ", kMaxHeadDim,
+                "], got ", d);
 }
 
 void check_cache(const KvCacheView& cache) {

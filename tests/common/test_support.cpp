@@ -19,9 +19,16 @@ DecodeShape shape(int d, int P, int G, DType t, int r, Precision p) { return {d,
 TEST(Support, CpuAnswersWhatTheCoreImplements) {
   EXPECT_TRUE(supports(Backend::cpu, shape(128, 16, 4, DType::bf16, 8, Precision::quant)));
   EXPECT_TRUE(supports(Backend::cpu, shape(96, 8, 40, DType::f32, 4, Precision::fp32)));
-  const Support s = supports(Backend::cpu, shape(80, 16, 1, DType::bf16, 8, Precision::quant));
-  EXPECT_FALSE(s.ok);
-  EXPECT_NE(s.reason.find("head_dim"), std::string::npos) << s.reason;
+  // Every even head_dim in [8, 512] (Phi-2's 80 too); odd or out of range: no, naming it.
+  for (const int d : {8, 10, 48, 80, 200, 512})
+    EXPECT_TRUE(supports(Backend::cpu, shape(d, 16, 1, DType::bf16, 8, Precision::quant))) << d;
+  for (const int d : {0, 6, 47, 81, 514}) {
+    const Support s = supports(Backend::cpu, shape(d, 16, 1, DType::bf16, 4, Precision::quant));
+    EXPECT_FALSE(s.ok) << d;
+    EXPECT_NE(s.reason.find("head_dim must be even and in [8, 512], got " + std::to_string(d)),
+              std::string::npos)
+        << s.reason;
+  }
   EXPECT_FALSE(supports(Backend::cpu, shape(64, 16, 1, DType::bf16, 16, Precision::fp32)));
   EXPECT_FALSE(supports(Backend::cpu, shape(64, 1, 1, DType::bf16, 1, Precision::fp32)));
 }

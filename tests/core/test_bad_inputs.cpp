@@ -142,7 +142,8 @@ TEST(BadInputs, BlockTableTooShort) {
 }
 
 TEST(BadInputs, InvalidHeadDimOrPageSize) {
-  for (int d : {0, 48, 100, 512}) {
+  // head_dim: even, in [8, 512] (kv_cache.h's head_dim_valid).
+  for (int d : {-2, 0, 6, 47, 101, 514, 1024}) {
     CacheLayout l{4, 16, 1, d, DType::f32};
     EXPECT_THROW(validate_layout(l), Error) << "head_dim " << d;
     EXPECT_THROW(PagedKvCache{l}, Error) << "head_dim " << d;

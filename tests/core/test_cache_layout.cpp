@@ -181,7 +181,7 @@ TEST(ImplKvCache, OutOfBlocksAndNonFiniteLeaveCacheUnchanged) {
 
 TEST(ImplKvCache, ValidateRejectsBadLayoutsAndBatches) {
   auto L = small_layout();
-  L.head_dim = 48;
+  L.head_dim = 47;
   EXPECT_THROW(locks::validate_layout(L), locks::Error);
   L = small_layout();
   L.page_size = 1;

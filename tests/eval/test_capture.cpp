@@ -188,8 +188,10 @@ TEST_F(CaptureTest, MetaFieldErrors) {
   patch_meta("q_heads", 3);
   expect_error("q_heads must be a positive multiple of kv_heads");
   patch_meta("q_heads", 4);
-  patch_meta("head_dim", 48);
-  expect_error("head_dim must be one of");
+  patch_meta("head_dim", 47);
+  expect_error("head_dim must be even and in [8, 512], got 47");
+  patch_meta("head_dim", 514);
+  expect_error("head_dim must be even and in [8, 512], got 514");
   patch_meta("head_dim", 32);
   patch_meta("steps", nullptr);
   expect_error("missing field \"steps\"");

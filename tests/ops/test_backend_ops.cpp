@@ -73,6 +73,15 @@ std::vector<OpCase> cases() {
       {DType::f32, 32, 4, 3, 1, 2, P::quant, {9, 22, 4}},
       {DType::bf16, 256, 16, 1, 2, 8, P::fp32, {70, 48}},
       {DType::f16, 96, 32, 2, 3, 6, P::quant, {95, 64}},
+      // Head dims outside the CUDA kernels' table (the CPU path takes every even d in [8, 512]):
+      // Phi-2 / StableLM's 80, a 48, a d that is no multiple of 4, the largest, and 80 with
+      // int4 basis scales per 16 dims.
+      {DType::bf16, 80, 16, 2, 4, 8, P::quant, {37, 200}, true},
+      {DType::f16, 80, 16, 1, 2, 8, P::quant, {100, 33}, false, true},
+      {DType::f32, 48, 16, 2, 3, 8, P::fp32, {64, 90}},
+      {DType::bf16, 10, 8, 1, 2, 4, P::quant, {41, 8}},
+      {DType::bf16, 512, 16, 1, 2, 8, P::quant, {70}},
+      {DType::bf16, 80, 16, 1, 2, 8, P::quant, {64, 33}, false, false, 16},
       // Query-weighted summaries: the G 4 hi/lo and G 8 rounded-once tensor-core paths, d 256
       // (Gemma-3's global layers), and the CUDA-core path (fp32 summaries).
       {DType::bf16, 128, 16, 2, 4, 8, P::quant, {37, 16, 200, 513}, true, true},

@@ -96,7 +96,8 @@ CASES = [
     ("plan_backend_7", lambda a: L.plan(*plan_args(backend=7)), ValueError, "backend"),
     ("plan_precision_3", lambda a: L.plan(*plan_args(precision=3)), ValueError, "precision"),
     ("plan_kv_dtype_int8", lambda a: L.plan(*plan_args(kv_dtype=torch.int8)), ValueError, "kv_dtype"),
-    ("plan_head_dim_48", lambda a: L.plan(*plan_args(head_dim=48)), NotImplementedError, "head_dim"),
+    ("plan_head_dim_47", lambda a: L.plan(*plan_args(head_dim=47)), NotImplementedError, "head_dim"),
+    ("plan_head_dim_514", lambda a: L.plan(*plan_args(head_dim=514)), NotImplementedError, "head_dim"),
     ("py_select_budget_2^32+16", lambda a: ops.select_pages(a["q"], a["s"], a["bt"], a["sl"], 2**32 + 16), ValueError, "budget_tokens"),
     ("py_select_budget_float", lambda a: ops.select_pages(a["q"], a["s"], a["bt"], a["sl"], 64.0), TypeError, "budget_tokens must be an int"),
     ("py_select_budget_bool", lambda a: ops.select_pages(a["q"], a["s"], a["bt"], a["sl"], True), TypeError, "budget_tokens must be an int"),
@@ -295,9 +296,10 @@ def test_hf_enable_accepts_valid_configurations(tiny):
 
 def test_hf_enable_unsupported_head_dim_is_not_implemented():
     cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=96, num_attention_heads=2,
-                                   num_key_value_heads=1, head_dim=48)
-    ok, why = locks.supports("cpu", head_dim=48, group=2, kv_dtype=torch.float32)
-    assert not ok
+                                   num_key_value_heads=1, head_dim=520, vocab_size=64,
+                                   intermediate_size=64)
+    ok, why = locks.supports("cpu", head_dim=520, group=2, kv_dtype=torch.float32)
+    assert not ok and why == "cpu: head_dim must be even and in [8, 512], got 520"
     with pytest.raises(NotImplementedError, match="head_dim"):
         lhf.enable(transformers.LlamaForCausalLM(cfg), budget=512)
 

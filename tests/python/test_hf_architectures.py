@@ -28,7 +28,11 @@ def tiny(config_cls, model_cls, **extra):
     ("GemmaConfig", "GemmaForCausalLM", {}),
     # hybrid: 3 sliding-window layers (transformers' own) + 1 full-attention layer (LOCKS)
     ("Cohere2Config", "Cohere2ForCausalLM", {"num_hidden_layers": 4}),
-], ids=["qwen2", "qwen3", "mistral", "olmo2", "granite", "phi3", "gemma", "cohere2"])
+    # head dims outside the CUDA kernels' 64 / 128 / 256, served by the CPU path: Phi-2's 80
+    # (partial rotary), and 48
+    ("PhiConfig", "PhiForCausalLM", {"hidden_size": 320, "head_dim": 80}),
+    ("Qwen2Config", "Qwen2ForCausalLM", {"head_dim": 48}),
+], ids=["qwen2", "qwen3", "mistral", "olmo2", "granite", "phi3", "gemma", "cohere2", "phi2_d80", "qwen2_d48"])
 def test_named_architectures_are_exact_when_the_budget_covers(config_cls, model_cls, extra):
     model = tiny(config_cls, model_cls, **extra)
     ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(1))

@@ -143,7 +143,7 @@ def test_plan_errors():
     with pytest.raises(ValueError, match="budget"):
         locks.workspace_bytes(**plan_kwargs(40, 20, 2, budget=8))
     with pytest.raises(NotImplementedError, match="head_dim"):
-        locks.workspace_bytes(**{**plan_kwargs(40, 20, 2), "head_dim": 48})
+        locks.workspace_bytes(**{**plan_kwargs(40, 20, 2), "head_dim": 47})
     with pytest.raises(ValueError, match="differs from the workspace"):
         locks.DecodeWrapper(torch.empty(16, dtype=torch.uint8)).plan(**plan_kwargs(40, 20, 2), device="meta")
 

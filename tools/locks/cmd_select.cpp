@@ -31,8 +31,6 @@ constexpr const char* kUsage =
     "the bf16 K+V. --json prints the same as one JSON object.\n"
     "Exit status: 0 success, 1 bad data (unreadable .npy, shapes, NaN/Inf, ...), 2 usage.\n";
 
-constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 256};
-
 // A data error (exit 1): locks::Error with the message only (no function name).
 template <typename... Parts>
 void require(bool ok, const Parts&... parts) {
@@ -94,11 +92,9 @@ Problem load_problem(const std::string& kp, const std::string& vp, const std::st
           " (q shape ", shape_str(qs), ", K shape ", shape_str(ks), ")");
   require(p.q_heads >= 1 && p.q_heads % p.kv_heads == 0, "q has ", p.q_heads,
           " query heads, not a positive multiple of K's ", p.kv_heads, " KV heads");
-  bool supported = false;
-  for (int d : kSupportedHeadDims) supported = supported || d == ks.back();
-  require(supported, "head_dim ", ks.back(),
-          " is not supported (supported: 32, 64, 96, "
-          "128, 256)");
+  require(ks.back() <= locks::kMaxHeadDim && locks::head_dim_valid(int(ks.back())), "head_dim ",
+          ks.back(), " is not supported (supported: even, ", locks::kMinHeadDim, " to ",
+          locks::kMaxHeadDim, ")");
   require_finite(p.k, "K");
   require_finite(p.v, "V");
   require_finite(p.q, "q");
