@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "locks/error.h"
+#include "locks/kv_cache.h"
 #include "usage.h"
 
 namespace locks::cli {
@@ -107,7 +108,7 @@ SynthOptions parse_synth_options(const std::vector<std::string>& args) {
   c.tokens = o.integer("--tokens", 16384, 1, kMaxInt32);
   c.num_kv_heads = static_cast<int>(o.integer("--kv-heads", 2, 1, 1024));
   c.num_q_heads = static_cast<int>(o.integer("--q-heads", 8, 1, 4096));
-  c.head_dim = static_cast<int>(o.integer("--head-dim", 128, 16, 256));
+  c.head_dim = static_cast<int>(o.integer("--head-dim", 128, 16, locks::kMaxHeadDim));
   c.page_size = static_cast<int>(o.integer("--page-size", 16, 2, 256));
   s.steps = o.integer("--steps", 4, 1, 1 << 16);
   s.obs_window = o.integer("--obs-window", 16, 0, 1 << 16);
