@@ -105,12 +105,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int nonfinite = (mode >> 4) % 8;    // 1: a NaN key, 2: an Inf in q
   const bool op_by_op = (mode & 128) != 0;  // flat: the ops one by one, a selection edited
   static const int kPageSizes[] = {16, 2, 4, 8, 32, 3};
-  static const int kHeadDims[] = {32, 64, 96, 128, 256, 48};
+  // Valid head dims (kv_cache.h: even, in [8, 512]) of every kind: the common ones, Phi-2's 80,
+  // one that is no multiple of 16 (10); and an odd one that every entry point must refuse.
+  static const int kHeadDims[] = {32, 64, 96, 128, 256, 80, 10, 47};
   CacheLayout L;
   L.num_blocks = 1 + in.pick(24);
   L.page_size = kPageSizes[in.pick(6)];
   L.num_kv_heads = 1 + in.pick(3);
-  L.head_dim = kHeadDims[in.pick(6)];
+  L.head_dim = kHeadDims[in.pick(8)];
   L.dtype = static_cast<DType>(in.pick(3));
   const int G = 1 + in.pick(5);
   static const int kRanks[] = {8, 1, 2, 4, 15, 0, 16, 3};
