@@ -77,8 +77,8 @@ def test_bad_configuration_errors(smol):
     with pytest.raises(ValueError, match="sliding"):
         lhf.enable(transformers.MistralForCausalLM(sliding), budget=512)
     wide = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=96, num_attention_heads=2,
-                                   num_key_value_heads=1, head_dim=520, vocab_size=64,
-                                   intermediate_size=64)
+                                    num_key_value_heads=1, head_dim=520, vocab_size=64,
+                                    intermediate_size=64)
     with pytest.raises(NotImplementedError, match=r"head_dim must be even and in \[8, 512\], got 520"):
         lhf.enable(transformers.LlamaForCausalLM(wide), budget=512)
 
