@@ -84,6 +84,18 @@ def test_validate_refusals_name_the_setting(kw, msg):
     assert len(r) == 1 and msg in r[0], r
 
 
+@pytest.mark.parametrize("head_size", [48, 64, 80, 96, 128, 256, 512])
+def test_head_sizes_follow_the_capability_query(head_size):
+    # One table (the kernels', include/locks/cuda/limits.h through locks.supports): the
+    # backend's early answers must not drift from what the layer's constructor checks.
+    from locks.vllm.library import ops
+    ok, why = ops().supports("cuda", head_dim=head_size, page_size=16)
+    assert LocksAttentionBackend.supports_head_size(head_size) == ok
+    r = validate(head_size=head_size)
+    assert r == [] if ok else (len(r) == 1 and f"head size {head_size}" in r[0] and why in r[0]), r
+    assert ok == (head_size in (64, 128, 256))
+
+
 def test_engine_level_refusals():
     assert refuse_config(fake_config()) == []
     assert "--kv-transfer-config" in refuse_config(fake_config(kv_transfer_config=object()))[0]

@@ -32,6 +32,7 @@ import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
 
 from .engine_config import BLOCK_SIZE, _dtype_name
+from .library import ops
 
 
 class LocksAttentionBackend(AttentionBackend):
@@ -70,7 +71,8 @@ class LocksAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_head_size(cls, head_size: int) -> bool:
-        return head_size in (64, 128, 256)
+        # The kernels' own table, through the capability query (include/locks/support.h).
+        return ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE)[0]
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
@@ -92,8 +94,9 @@ class LocksAttentionBackend(AttentionBackend):
                      f"({_dtype_name(dtype)}); use --kv-cache-dtype auto")
         if block_size is not None and block_size != BLOCK_SIZE:
             r.append(f"--block-size {block_size}: LOCKS pages are {BLOCK_SIZE} tokens; use --block-size 16")
-        if head_size not in (64, 128, 256):
-            r.append(f"head size {head_size} not supported by LOCKS kernels (64, 128, 256); use "
+        head_ok, head_why = ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE)
+        if not head_ok:
+            r.append(f"head size {head_size} not supported by LOCKS kernels ({head_why}); use "
                      "--attention-backend FLASH_ATTN for this model")
         if use_mla:
             r.append("MLA models are not supported by LOCKS; use the MLA backends")
