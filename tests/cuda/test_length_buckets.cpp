@@ -110,11 +110,15 @@ TEST_P(LengthBuckets, EveryBucketEqualsTheFullPlan) {
     for (int j = i + 1; j < 4; ++j) ASSERT_NE(bk.plans[i].counts.offset, bk.plans[j].counts.offset);
   DevBuf<uint8_t> ws(bk.workspace_bytes);
   const Workspace w{ws.p, bk.workspace_bytes};
-  Outputs eager(f, cap), graph(f, cap), scratch(f, cap);
+  Outputs eager(f, cap), graph(f, cap), scratch(f, cap), selected(f, cap);
   const QueryView qv{f.dq.p, f.Hq};
 
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // Every buffer allocated and the device idle before the first capture: compute-sanitizer has
+  // reported reads, in conditional bodies, of buffers allocated just before the capture as out
+  // of bounds (NVIDIA/warp#1406; docs/lab/gpu_results.md, 2026-12-07 22:28 UTC).
+  CK(cudaDeviceSynchronize());
   // torch's capture mode (global): the bodies' own captures must not be refused by it.
   auto capture = [&](Outputs& o, bool with_selection) {
     cudaGraph_t g;
@@ -130,7 +134,6 @@ TEST_P(LengthBuckets, EveryBucketEqualsTheFullPlan) {
   };
   cudaGraphExec_t with_sel = capture(graph, true), no_sel = capture(scratch, false);
   // score_select_bucketed: the selection alone (the torch op's and the vLLM plugin's path).
-  Outputs selected(f, cap);
   cudaGraphExec_t sel_only;
   {
     cudaGraph_t g;
