@@ -27,13 +27,17 @@ class CudaBackend final : public OpsBackend {
     return p;
   }
   void free(void* p) override { LOCKS_CUDA_CHECK(cudaFree(p)); }
-  void put(void* dst, const void* src, size_t n) override {
+  void put(void* dst, const void* src, size_t n) override {  // done before any stream's work
     LOCKS_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    LOCKS_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void get(void* dst, const void* src, size_t n) override {
     LOCKS_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
   }
-  void fill(void* dst, int byte, size_t n) override { LOCKS_CUDA_CHECK(cudaMemset(dst, byte, n)); }
+  void fill(void* dst, int byte, size_t n) override {
+    LOCKS_CUDA_CHECK(cudaMemset(dst, byte, n));
+    LOCKS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   int64_t memory_in_use() override {
     size_t free_b = 0, total = 0;
     LOCKS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));

@@ -49,18 +49,24 @@ struct DevBuf {
     return *this;
   }
   ~DevBuf() { cudaFree(p); }
-  void upload(const std::vector<T>& h) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
+  // The copies and fills wait for the device before returning: many tests launch on
+  // non-blocking streams, which do not wait for the legacy stream's work, and cudaMemcpy from
+  // pageable memory or cudaMemset may return with their transfer still in flight (the CUDA
+  // runtime's "API synchronization behavior").
+  void upload(const std::vector<T>& h) { upload(h.data(), h.size()); }
   void upload(const T* h, size_t count) {
     CK(cudaMemcpy(p, h, count * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
   }
   std::vector<T> download(size_t count = 0) const {
     std::vector<T> h(count ? count : n);
     CK(cudaMemcpy(h.data(), p, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
-  void poison() { CK(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T))); }
+  void poison() {
+    CK(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)));
+    CK(cudaDeviceSynchronize());
+  }
 };
 
 // Keys with page-local structure: each page has its own centre and a random subspace of
