@@ -69,10 +69,14 @@ class LocksAttentionBackend(AttentionBackend):
         # Identity (and layers first when asked): no cross-layer KV layout.
         return tuple(range(6 if include_num_layers_dimension else 5))
 
+    @staticmethod
+    def _head_size_support(head_size: int) -> tuple[bool, str]:
+        # The kernels' own table, through the capability query (include/locks/support.h).
+        return ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE)
+
     @classmethod
     def supports_head_size(cls, head_size: int) -> bool:
-        # The kernels' own table, through the capability query (include/locks/support.h).
-        return ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE)[0]
+        return cls._head_size_support(head_size)[0]
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
@@ -94,7 +98,7 @@ class LocksAttentionBackend(AttentionBackend):
                      f"({_dtype_name(dtype)}); use --kv-cache-dtype auto")
         if block_size is not None and block_size != BLOCK_SIZE:
             r.append(f"--block-size {block_size}: LOCKS pages are {BLOCK_SIZE} tokens; use --block-size 16")
-        head_ok, head_why = ops().supports("cuda", head_dim=head_size, page_size=BLOCK_SIZE)
+        head_ok, head_why = cls._head_size_support(head_size)
         if not head_ok:
             r.append(f"head size {head_size} not supported by LOCKS kernels ({head_why}); use "
                      "--attention-backend FLASH_ATTN for this model")
