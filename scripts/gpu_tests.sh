@@ -53,7 +53,25 @@ TESTS=$BUILD/tests/cuda/locks_cuda_tests
 BENCH=$BUILD/bench/cuda/locks_bench_cuda
 python_only=1
 for p in "${phases[@]}"; do [[ "$p" == python* ]] || python_only=0; done
-if [ $python_only -eq 0 ] && ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
+# Whether the carried binaries the phases use run here: the suite lists its tests; the bench
+# rejects an unknown option with exit 2 before touching the device (so 2 means it loaded). A
+# bench-only call (ab, sweep) may carry no suite binary.
+binaries_run() {
+  local need_tests=0 need_bench=0 p
+  for p in "${phases[@]}"; do
+    case "$p" in
+      tests | ops | memcheck | racecheck) need_tests=1 ;;
+      ab | sweep | bench | bench-quick | profile) need_bench=1 ;;
+    esac
+  done
+  if [ $need_tests -eq 1 ]; then "$TESTS" --gtest_list_tests >/dev/null 2>&1 || return 1; fi
+  if [ $need_bench -eq 1 ]; then
+    "$BENCH" --help >/dev/null 2>&1
+    [ $? -eq 2 ] || return 1
+  fi
+  return 0
+}
+if [ $python_only -eq 0 ] && ! binaries_run; then
   echo "carried binaries do not run here; rebuilding" | tee -a "$OUT/device.txt"
   cmake -S . -B build-gpu -G Ninja -DLOCKS_BUILD_BENCH=ON >"$OUT/rebuild.log" 2>&1 &&
     cmake --build build-gpu --target locks_cuda_tests locks_bench_cuda >>"$OUT/rebuild.log" 2>&1
