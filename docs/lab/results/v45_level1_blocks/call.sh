@@ -3,7 +3,7 @@
 # same run, two-level rows each twice, alternating binaries; then the 3-block variant's
 # two-level tests and memcheck of them. ~4-6 min.
 set -u
-cd "$(dirname "$0")/../../../.."
+cd "$(dirname "$0")/../../../.." || exit 2
 P=.devcarry/l1 B=/tmp/l1bin OUT=${OUT:-gpu-out}
 for v in main b3 b4 b3p; do
   mkdir -p $B/$v/bench/cuda
@@ -16,9 +16,9 @@ export LOCKS_AB_ARGS=--two-level LOCKS_AB_BASE_ARGS=--two-level
 for v in ${VARIANTS:-b3 b4 b3p}; do
   echo "##### $v"
   LOCKS_COMMIT=$v LOCKS_CUDA_BUILD=$B/$v LOCKS_BENCH_BASE=$B/main/bench/cuda/locks_bench_cuda \
-    OUT=$OUT/ab_$v timeout 150 scripts/gpu_tests.sh ab >$OUT/ab_$v.stdout 2>&1
-  python3 scripts/ab_table.py $OUT/ab_$v/ab.log
+    OUT="$OUT/ab_$v" timeout 150 scripts/gpu_tests.sh ab >"$OUT/ab_$v.stdout" 2>&1
+  python3 scripts/ab_table.py "$OUT/ab_$v/ab.log"
 done
-LOCKS_COMMIT=b3 LOCKS_CUDA_BUILD=$B/b3 OUT=$OUT/b3 LOCKS_MEMCHECK_FILTER='CudaTwoLevel.*:CudaSuperBuild.*' \
+LOCKS_COMMIT=b3 LOCKS_CUDA_BUILD=$B/b3 OUT="$OUT/b3" LOCKS_MEMCHECK_FILTER='CudaTwoLevel.*:CudaSuperBuild.*' \
   timeout 200 scripts/gpu_tests.sh memcheck
 LOCKS_COMMIT=b3 $B/b3/tests/cuda/locks_cuda_tests --gtest_filter='CudaTwoLevel.*:CudaSuperBuild.*' 2>&1 | tail -3
