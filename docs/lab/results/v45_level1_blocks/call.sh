@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the device (carry .devcarry/l1 from prepare.sh): each variant's bench against main's,
-# same run, two-level rows each twice, alternating binaries; then the 3-block variant's
+# same run, two-level rows (Llama-3.1-8B 1M b1, GLM-4-9B 1M b1, Llama-3.1-8B 128K b8; ROWS= to
+# change) each twice, alternating binaries; then the 3-block variant's
 # two-level tests and memcheck of them. ~4-6 min.
 set -u
 cd "$(dirname "$0")/../../../.." || exit 2
@@ -11,7 +12,7 @@ for v in main b3 b4 b3p; do
 done
 mkdir -p $B/b3/tests/cuda
 xz -dc $P/tests_b3.xz >$B/b3/tests/cuda/locks_cuda_tests && chmod +x $B/b3/tests/cuda/locks_cuda_tests
-export LOCKS_AB_ROWS="${ROWS:-Llama 1048576 1;GLM 1048576 1;Gemma-3-270M 1048576 1}"
+export LOCKS_AB_ROWS="${ROWS:-Llama 1048576 1;GLM 1048576 1;Llama 131072 8}"
 export LOCKS_AB_ARGS=--two-level LOCKS_AB_BASE_ARGS=--two-level
 for v in ${VARIANTS:-b3 b4 b3p}; do
   echo "##### $v"
