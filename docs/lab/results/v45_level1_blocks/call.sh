@@ -6,6 +6,7 @@
 set -u
 cd "$(dirname "$0")/../../../.." || exit 2
 P=.devcarry/l1 B=/tmp/l1bin OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
 for v in main b3 b4 b3p; do
   mkdir -p $B/$v/bench/cuda
   xz -dc $P/bench_$v.xz >$B/$v/bench/cuda/locks_bench_cuda && chmod +x $B/$v/bench/cuda/locks_bench_cuda
