@@ -51,11 +51,9 @@ bench_row() {
 
 TESTS=$BUILD/tests/cuda/locks_cuda_tests
 BENCH=$BUILD/bench/cuda/locks_bench_cuda
-python_only=1
-for p in "${phases[@]}"; do [[ "$p" == python* ]] || python_only=0; done
 # Whether the carried binaries the phases use run here: the suite lists its tests; the bench
 # rejects an unknown option with exit 2 before touching the device (so 2 means it loaded). A
-# bench-only call (ab, sweep) may carry no suite binary.
+# bench-only call (ab, sweep) may carry no suite binary, and the python phases use neither.
 binaries_run() {
   local need_tests=0 need_bench=0 p
   for p in "${phases[@]}"; do
@@ -71,7 +69,7 @@ binaries_run() {
   fi
   return 0
 }
-if [ $python_only -eq 0 ] && ! binaries_run; then
+if ! binaries_run; then
   echo "carried binaries do not run here; rebuilding" | tee -a "$OUT/device.txt"
   cmake -S . -B build-gpu -G Ninja -DLOCKS_BUILD_BENCH=ON >"$OUT/rebuild.log" 2>&1 &&
     cmake --build build-gpu --target locks_cuda_tests locks_bench_cuda >>"$OUT/rebuild.log" 2>&1
